@@ -1,0 +1,35 @@
+# Two entry points on a fresh machine: `make demo` and `make test`.
+# Both build the project virtualenv from pyproject.toml, pinned by constraints.txt
+# (torch 2.13.0 CPU is the tested build; an unpinned torch would pull CUDA wheels).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check torch_dataloader_utils
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_throughput.py
+	$(PY) benchmarks/bench_resume.py
+
+clean:
+	rm -rf $(VENV) demo_output bench_output .pytest_cache .mypy_cache .hypothesis

@@ -1,0 +1,23 @@
+"""Stream Parquet/Arrow files into PyTorch with exact, content-addressed mid-epoch resume."""
+
+from ._dataset import StructuredDataset
+from ._errors import (
+    CheckpointMismatchError,
+    DataLoaderUtilsError,
+    DataSourceError,
+    InvalidStateError,
+    SchemaMismatchError,
+)
+from ._loader import StructuredDataLoader
+
+__all__ = [
+    "CheckpointMismatchError",
+    "DataLoaderUtilsError",
+    "DataSourceError",
+    "InvalidStateError",
+    "SchemaMismatchError",
+    "StructuredDataLoader",
+    "StructuredDataset",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,314 @@
+"""``StructuredDataset``: a resumable IterableDataset over Parquet/Arrow files."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch.utils.data
+
+from ._config import DEFAULT_SPLIT_BYTES, DatasetConfig
+from ._convert import convert
+from ._formats import get_format
+from ._index import build_index
+from ._plan import Consumed, EpochPlan, epoch_order
+from ._state import (
+    Progress,
+    Settings,
+    check_setting,
+    decode_consumed,
+    encode,
+    merge_states,
+    positions_of,
+    stored_split,
+)
+from ._storage import Storage
+from ._stream import Position, prefetch, read_stream
+from ._transport import Packet, pack
+from ._world import World, detect_ranks, detect_worker
+
+if TYPE_CHECKING:
+    from ._loader import StructuredDataLoader
+
+__all__ = ["StructuredDataset"]
+
+# Decoded chunks a stream reads ahead of the batch being converted.
+_PREFETCH_DEPTH = 2
+# A worker's packets grow 1, 2, 4, ... batches (a fast first batch) up to this many.
+_MAX_PACKET_BATCHES = 32
+_MAX_PACKET_ROWS = 1 << 18
+
+
+@dataclass(frozen=True)
+class _Start:
+    """Where the next iteration begins: nothing delivered, or a checkpoint's progress."""
+
+    epoch: int
+    base: Consumed
+    delivered: Consumed
+    cursor: int = 0
+    checkpoint_workers: int | None = None  # the num_workers to hold the checkpoint to
+    checkpoint_split: str = ""
+
+    @classmethod
+    def fresh(cls, epoch: int, num_splits: int) -> _Start:
+        nothing = Consumed.nothing(num_splits)
+        return cls(epoch, nothing, nothing)
+
+
+@dataclass(frozen=True)
+class _Iteration:
+    """What workers need to start: where, and whether to send packets to our loader."""
+
+    start: _Start
+    packets: bool = False
+
+
+class StructuredDataset(torch.utils.data.IterableDataset[Any]):
+    """Streams Parquet/Arrow files as batches of exactly ``batch_size`` rows, resumable exactly.
+
+    Files are cut into splits of at most ``split_bytes`` stored bytes on row-group / record-batch
+    boundaries, ordered per epoch (shuffled with ``shuffle_seed`` if ``shuffle``) and dealt
+    round-robin to ranks, then DataLoader workers. ``state_dict()`` records what has been
+    delivered by content; ``load_state_dict()`` continues exactly there. See ``docs/``.
+    """
+
+    def __init__(
+        self,
+        path: str | Sequence[str],
+        format: str = "parquet",
+        *,
+        batch_size: int = 1024,
+        columns: Sequence[str] | None = None,
+        shuffle: bool = False,
+        shuffle_seed: int = 0,
+        split_bytes: int = DEFAULT_SPLIT_BYTES,
+        rank: int | None = None,
+        world_size: int | None = None,
+        output: str = "torch",
+        transform: Callable[[Any], Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        super().__init__()
+        self._config = DatasetConfig(
+            format=format, batch_size=batch_size, columns=DatasetConfig.columns_from(columns),
+            shuffle=bool(shuffle), shuffle_seed=shuffle_seed, split_bytes=split_bytes,
+            output=output, transform=transform, drop_last=bool(drop_last),
+        )  # fmt: skip
+        self._format = get_format(format)
+        self._rank, self._world_size = detect_ranks(rank, world_size)
+        World(self._rank, self._world_size)  # validates the pair
+        first = path if isinstance(path, str) else next(iter(path), "")
+        self._storage = Storage(first, storage_options)
+        self._index = build_index(
+            self._storage, self._format, path, self._config.columns, split_bytes
+        )
+        self._split_rows = np.array([s.row_length for s in self._index.splits], dtype=np.int64)
+        self._num_workers: int | None = None  # the DataLoader's, once known
+        self._iteration = _Iteration(_Start.fresh(0, len(self._index.splits)))
+        self._progress: Progress | None = None
+        self._resumed = False
+
+    @classmethod
+    def create_dataloader(
+        cls,
+        path: str | Sequence[str],
+        format: str = "parquet",
+        *,
+        batch_size: int = 1024,
+        columns: Sequence[str] | None = None,
+        shuffle: bool = False,
+        shuffle_seed: int = 0,
+        num_workers: int = 0,
+        split_bytes: int = DEFAULT_SPLIT_BYTES,
+        rank: int | None = None,
+        world_size: int | None = None,
+        output: str = "torch",
+        transform: Callable[[Any], Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        drop_last: bool = False,
+        **dataloader_kwargs: Any,
+    ) -> tuple[StructuredDataLoader, StructuredDataset]:
+        """``(loader, dataset)``: the loader records what it hands out and resumes exactly."""
+        from ._loader import StructuredDataLoader
+
+        dataset = cls(
+            path, format, batch_size=batch_size, columns=columns, shuffle=shuffle,
+            shuffle_seed=shuffle_seed, split_bytes=split_bytes, rank=rank, world_size=world_size,
+            output=output, transform=transform, storage_options=storage_options,
+            drop_last=drop_last,
+        )  # fmt: skip
+        return StructuredDataLoader(dataset, num_workers=num_workers, **dataloader_kwargs), dataset
+
+    # ----------------------------------------------------------------- epochs and checkpoints
+
+    @property
+    def epoch(self) -> int:
+        return self._iteration.start.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` afresh (its own permutation); discards any progress or loaded state."""
+        if self._resumed and epoch == self.epoch:
+            warnings.warn(
+                f"set_epoch({epoch}) after load_state_dict discards the checkpoint's progress in "
+                f"epoch {epoch}; the epoch restarts from its first batch. Call set_epoch only "
+                f"for the epochs after the resumed one.",
+                stacklevel=2,
+            )
+        self._iteration = _Iteration(_Start.fresh(epoch, len(self._index.splits)))
+        self._progress = None
+        self._resumed = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the training loop has been handed in this epoch, by content (JSON-safe)."""
+        if self._progress is not None:
+            p = self._progress
+            return encode(
+                p.plan.epoch, p.delivered(), p.plan.base, p.cursor, self._index, p.settings
+            )
+        start = self._iteration.start
+        workers = (
+            self._num_workers if start.checkpoint_workers is None else start.checkpoint_workers
+        )
+        return encode(
+            start.epoch, start.delivered, start.base, start.cursor, self._index,
+            self._settings(workers or 0),
+        )  # fmt: skip
+
+    def load_state_dict(
+        self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, elastic: bool = False
+    ) -> None:
+        """Continue from ``state`` at the next iteration; call before iterating.
+
+        ``elastic=True`` takes the list of every old rank's state (or one state) and re-deals
+        what they had not delivered to the current ranks and workers: each row exactly once,
+        in a different order. Raises ``CheckpointMismatchError`` when files or settings differ.
+        """
+        worker = detect_worker()
+        workers = worker[1] if worker is not None else self._num_workers
+        if elastic:
+            states = [state] if isinstance(state, Mapping) else list(state)
+            epoch, delivered = merge_states(states, self._index, self._settings(workers or 0))
+            start = _Start(epoch, delivered, delivered)
+        else:
+            if not isinstance(state, Mapping):
+                raise TypeError(
+                    "load_state_dict takes one state dict; pass elastic=True for a list"
+                )
+            settings = self._settings(state.get("_num_workers", 0) if workers is None else workers)
+            delivered, base = decode_consumed(state, self._index, settings)
+            start = _Start(
+                state["epoch"], base, delivered, int(state["cursor"]),
+                checkpoint_workers=state["_num_workers"], checkpoint_split=stored_split(state),
+            )  # fmt: skip
+        self._iteration = _Iteration(start)
+        self._progress = None
+        self._resumed = True
+
+    # ----------------------------------------------------------------- iteration
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch (with the loader's ``num_workers``)."""
+        start = self._iteration.start
+        plan = self._plan(start)
+        settings = self._settings(self._num_workers or 0)
+        total = 0
+        for worker in range(max(1, settings.num_workers)):
+            pieces = plan.stream(settings.world(worker))
+            rows = int((self._split_rows[pieces.splits] - pieces.starts).sum())
+            div, mod = divmod(rows, self._config.batch_size)
+            total += div + (1 if mod and not self._config.drop_last else 0)
+        return total
+
+    def __iter__(self) -> Iterator[Any]:
+        worker = detect_worker()
+        iteration = self._iteration
+        if worker is None:  # main process: this iteration consumes the loaded start
+            progress = self._begin_iteration(0)
+            self._end_iteration_setup()
+            return self._deliver(0, progress)
+        progress = self._begin(iteration.start, worker[1])
+        progress.positions = {worker[0]: progress.positions[worker[0]]}
+        if iteration.packets:
+            return self._packets(worker[0], progress)
+        return self._deliver(worker[0], progress)
+
+    def _begin_iteration(self, num_workers: int, *, packets: bool = False) -> Progress:
+        """Main process: validate the start for ``num_workers``, hand it to workers, track it.
+
+        Later iterations start the epoch afresh unless a state is loaded again.
+        """
+        start = self._iteration.start
+        progress = self._begin(start, num_workers)
+        self._progress = progress
+        self._iteration = _Iteration(start, packets=packets)
+        return progress
+
+    def _end_iteration_setup(self) -> None:
+        """Main process, once workers hold their copy: later iterations start afresh."""
+        self._iteration = _Iteration(_Start.fresh(self.epoch, len(self._index.splits)))
+        self._resumed = False
+
+    def _begin(self, start: _Start, num_workers: int) -> Progress:
+        """Progress at ``start`` for every worker; mismatch if the start does not fit them."""
+        if start.checkpoint_workers is not None:
+            check_setting(
+                "num_workers", start.checkpoint_workers, num_workers, start.checkpoint_split
+            )
+        settings = self._settings(num_workers)
+        plan = self._plan(start)
+        positions = positions_of(plan, start.delivered, settings, range(max(1, num_workers)))
+        return Progress(plan, settings, positions, start.cursor)
+
+    def _deliver(self, worker: int, progress: Progress) -> Iterator[Any]:
+        """Batches of one stream, recording each position before handing the batch out."""
+        self._progress = progress
+        for batch, position in self._batches(worker, progress):
+            progress.positions[worker] = position
+            progress.cursor = 0
+            yield batch
+
+    def _packets(self, worker: int, progress: Progress) -> Iterator[Packet]:
+        """Runs of 1, 2, 4, ... batches; the last packet (maybe empty) says the stream ended."""
+        batches: list[Any] = []
+        positions: list[Position] = []
+        size, rows = 1, 0
+        for batch, position in self._batches(worker, progress):
+            batches.append(batch)
+            positions.append(position)
+            rows += self._config.batch_size
+            if len(batches) >= size or rows >= _MAX_PACKET_ROWS:
+                yield pack(worker, batches, positions, last=False)
+                batches, positions, rows = [], [], 0
+                size = min(2 * size, _MAX_PACKET_BATCHES)
+        yield pack(worker, batches, positions, last=True)
+
+    def _batches(self, worker: int, progress: Progress) -> Iterator[tuple[Any, Position]]:
+        config = self._config
+        pieces = progress.plan.stream(progress.settings.world(worker))
+        batches = read_stream(
+            self._index, self._storage, self._format, pieces,
+            progress.positions.get(worker, (0, 0)), config.columns, config.batch_size,
+            config.drop_last,
+        )  # fmt: skip
+        for batch, position in prefetch(batches, _PREFETCH_DEPTH):
+            out = convert(batch, config.output)
+            yield (out if config.transform is None else config.transform(out)), position
+
+    def _plan(self, start: _Start) -> EpochPlan:
+        config = self._config
+        order = epoch_order(
+            len(self._index.splits), config.shuffle_seed, start.epoch, config.shuffle
+        )
+        return EpochPlan(start.epoch, order, start.base)
+
+    def _settings(self, num_workers: int) -> Settings:
+        config = self._config
+        return Settings(
+            config.format, config.split_bytes, config.shuffle, config.shuffle_seed,
+            self._rank, self._world_size, num_workers,
+        )  # fmt: skip

@@ -1,0 +1,61 @@
+"""The library's exceptions.
+
+    DataLoaderUtilsError                    base of everything raised on purpose
+    ├── CheckpointMismatchError (ValueError) a checkpoint no longer describes the data/settings
+    ├── InvalidStateError (ValueError)       a state dict that is unknown, truncated or corrupted
+    ├── SchemaMismatchError (ValueError)     files whose schemas differ
+    └── DataSourceError (OSError)            a file that cannot be listed, read or decoded
+
+Missing paths raise the builtin ``FileNotFoundError`` and unknown options ``ValueError``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointMismatchError",
+    "DataLoaderUtilsError",
+    "DataSourceError",
+    "InvalidStateError",
+    "SchemaMismatchError",
+]
+
+
+class DataLoaderUtilsError(Exception):
+    """Base class of the errors this library raises on purpose."""
+
+
+class CheckpointMismatchError(DataLoaderUtilsError, ValueError):
+    """A checkpoint does not match the current files or settings.
+
+    Attributes: ``split`` (the stored split that failed, e.g. ``"a.parquet rows [0, 4096)"``),
+    ``field`` (the setting or file that changed), ``expected`` (the checkpoint's value) and
+    ``found`` (the current value). Any may be ``None`` when the message is re-raised from a
+    DataLoader worker, which keeps only the text.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        split: str | None = None,
+        field: str | None = None,
+        expected: object = None,
+        found: object = None,
+    ) -> None:
+        super().__init__(message)
+        self.split = split
+        self.field = field
+        self.expected = expected
+        self.found = found
+
+
+class InvalidStateError(DataLoaderUtilsError, ValueError):
+    """A state dict that this version cannot read: unknown version, missing or corrupted keys."""
+
+
+class SchemaMismatchError(DataLoaderUtilsError, ValueError):
+    """Two files of one dataset have different schemas (both files and fields are named)."""
+
+
+class DataSourceError(DataLoaderUtilsError, OSError):
+    """A file that cannot be listed, opened, read or decoded (the file is named)."""

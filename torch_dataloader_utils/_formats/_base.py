@@ -1,0 +1,55 @@
+"""The interface one file format implements: read footer metadata, read a range of units.
+
+A *unit* is the smallest independently readable piece of a file: a Parquet row group or an
+Arrow IPC record batch. Splits are cut on unit boundaries.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+__all__ = ["FileFormat", "FileMetadata"]
+
+
+@dataclass(frozen=True)
+class FileMetadata:
+    """What planning needs from one file's footer.
+
+    ``footer`` is the format's own parsed footer, handed back to :meth:`FileFormat.read_units` so
+    that workers never read it again; it must pickle.
+    """
+
+    schema: pa.Schema
+    unit_rows: tuple[int, ...]
+    unit_bytes: tuple[int, ...]
+    footer: Any = None
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.unit_rows)
+
+
+class FileFormat(ABC):
+    """One on-storage format. Sources are pyarrow-readable files (``pa.NativeFile`` or paths)."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def read_metadata(self, source: Any) -> FileMetadata:
+        """Parse the footer of ``source``."""
+
+    @abstractmethod
+    def read_units(
+        self,
+        source: Any,
+        metadata: FileMetadata,
+        units: range,
+        columns: Sequence[str] | None,
+        batch_rows: int,
+    ) -> Iterator[pa.RecordBatch]:
+        """Yield the rows of ``units``, in order, as record batches of at most ``batch_rows``."""

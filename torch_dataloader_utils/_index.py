@@ -1,0 +1,162 @@
+"""The dataset index: listed files, their footers and fingerprints, and the splits cut from them.
+
+This is the only planning step that does I/O. Footers are read once, in parallel, and travel
+with the index to workers, which never read them again.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
+import xxhash
+from tqdm.auto import tqdm
+
+from ._errors import DataSourceError, SchemaMismatchError
+from ._formats import FileFormat, FileMetadata
+from ._plan import Split, cut_splits
+from ._storage import FileEntry, Storage
+
+__all__ = ["DatasetIndex", "IndexedFile", "build_index"]
+
+_PROGRESS_MIN_FILES = 64
+_MAX_READ_THREADS = 32
+# A state names at most this many groups of files, so its size does not grow with the file count.
+MAX_FILE_GROUPS = 256
+
+
+@dataclass(frozen=True)
+class IndexedFile:
+    path: str
+    display: str
+    fingerprint: str
+    metadata: FileMetadata
+
+
+@dataclass(frozen=True)
+class DatasetIndex:
+    files: tuple[IndexedFile, ...]
+    splits: tuple[Split, ...]
+    schema: pa.Schema
+
+    @property
+    def digest(self) -> str:
+        """Content address of the whole file list (paths and fingerprints, in order)."""
+        return _digest(f"{f.display}\0{f.fingerprint}" for f in self.files)
+
+    def file_groups(self) -> list[list[object]]:
+        """``[first path, last path, count, digest]`` for up to ``MAX_FILE_GROUPS`` file runs."""
+        size = max(1, math.ceil(len(self.files) / MAX_FILE_GROUPS))
+        runs = [self.files[i : i + size] for i in range(0, len(self.files), size)]
+        return [
+            [run[0].display, run[-1].display, len(run), _digest(f.fingerprint for f in run)]
+            for run in runs
+        ]
+
+    def describe(self, split: int) -> str:
+        """``path rows [a, b)`` of split ``split``, as messages and states name it."""
+        s = self.splits[split]
+        return f"{self.files[s.file].display} rows [{s.row_offset}, {s.row_offset + s.row_length})"
+
+
+def build_index(
+    storage: Storage,
+    fmt: FileFormat,
+    paths: str | Sequence[str],
+    columns: Sequence[str] | None,
+    split_bytes: int,
+) -> DatasetIndex:
+    """List ``paths``, read every footer (thread pool, progress bar on long lists), cut splits."""
+    entries = storage.list_files(paths)
+    with ThreadPoolExecutor(min(_MAX_READ_THREADS, len(entries))) as pool:
+        metas = list(
+            tqdm(
+                pool.map(lambda e: _read_metadata(storage, fmt, e), entries),
+                total=len(entries),
+                desc="indexing files",
+                unit="file",
+                disable=len(entries) < _PROGRESS_MIN_FILES or None,
+                file=sys.stderr,
+            )
+        )
+    files = tuple(
+        IndexedFile(e.path, storage.display(e.path), _fingerprint(e, m), m)
+        for e, m in zip(entries, metas, strict=True)
+    )
+    schema = _common_schema(files, columns)
+    splits = cut_splits(
+        [f.metadata.unit_bytes for f in files], [f.metadata.unit_rows for f in files], split_bytes
+    )
+    return DatasetIndex(files, tuple(splits), schema)
+
+
+def _read_metadata(storage: Storage, fmt: FileFormat, entry: FileEntry) -> FileMetadata:
+    display = storage.display(entry.path)
+    try:
+        with storage.open(entry.path) as source:
+            return fmt.read_metadata(source)
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise DataSourceError(
+            f"cannot read {display} as {fmt.name} (size {entry.size} bytes): {exc}"
+        ) from exc
+
+
+def _fingerprint(entry: FileEntry, meta: FileMetadata) -> str:
+    """xxhash of size, version tag (ETag/mtime) and the footer's unit layout."""
+    return _digest(
+        [
+            str(entry.size),
+            entry.version,
+            ",".join(map(str, meta.unit_rows)),
+            ",".join(map(str, meta.unit_bytes)),
+        ]
+    )
+
+
+def _digest(parts: object) -> str:
+    h = xxhash.xxh64()
+    for part in parts:  # type: ignore[attr-defined]
+        h.update(str(part).encode())
+        h.update(b"\x1f")
+    return h.hexdigest()
+
+
+def _common_schema(files: Sequence[IndexedFile], columns: Sequence[str] | None) -> pa.Schema:
+    """The projected schema shared by all files; names both files and fields when they differ."""
+    first = files[0]
+    reference = _project(first, columns)
+    for other in files[1:]:
+        schema = _project(other, columns)
+        if not schema.equals(reference):
+            raise SchemaMismatchError(
+                f"schema of {other.display} differs from {first.display}: "
+                f"{_schema_diff(reference, schema)}"
+            )
+    return reference
+
+
+def _project(file: IndexedFile, columns: Sequence[str] | None) -> pa.Schema:
+    schema = file.metadata.schema.remove_metadata()
+    if columns is None:
+        return schema
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise SchemaMismatchError(
+            f"{file.display} has no column(s) {missing}; its columns are {schema.names}"
+        )
+    return pa.schema([schema.field(c) for c in columns])
+
+
+def _schema_diff(expected: pa.Schema, found: pa.Schema) -> str:
+    names = dict.fromkeys(expected.names + found.names)
+    diffs = []
+    for name in names:
+        a = expected.field(name).type if name in expected.names else "missing"
+        b = found.field(name).type if name in found.names else "missing"
+        if str(a) != str(b):
+            diffs.append(f"field {name!r}: {a} vs {b}")
+    return "; ".join(diffs) or "field order or nullability differs"

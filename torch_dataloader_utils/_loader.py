@@ -1,0 +1,88 @@
+"""``StructuredDataLoader``: a DataLoader that records what it hands to the training loop."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch.utils.data
+
+from ._dataset import StructuredDataset
+from ._stream import Position
+
+__all__ = ["StructuredDataLoader"]
+
+# Batching and order belong to the dataset; a DataLoader setting them would break resume.
+_OWNED_BY_DATASET = ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last")
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
+class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
+    """A DataLoader over a :class:`StructuredDataset` whose state is what it has yielded.
+
+    Workers send runs of batches (``Packet``); this loader unpacks them and records each batch's
+    provenance at the moment it hands the batch out, so prefetched batches never count. It
+    yields batch by batch in round-robin over workers, starting a resumed epoch at the worker
+    the checkpoint's cursor names, so the continuation is the uninterrupted run.
+    """
+
+    dataset: StructuredDataset
+
+    def __init__(self, dataset: StructuredDataset, **kwargs: Any) -> None:
+        owned = sorted(set(kwargs) & set(_OWNED_BY_DATASET))
+        if owned:
+            raise TypeError(
+                f"{owned} belong to the dataset (StructuredDataset batches and orders its rows); "
+                f"pass batch_size/shuffle/drop_last to StructuredDataset or create_dataloader"
+            )
+        super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
+        dataset._num_workers = self.num_workers
+        self._workers_hold: object = None  # the iteration persistent workers were started with
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        if self.num_workers == 0:
+            return super().__iter__()
+        return self._unpacked()
+
+    def _unpacked(self) -> Iterator[Any]:
+        """Batches in strict round-robin over workers from the cursor, whatever the packet sizes."""
+        dataset = self.dataset
+        progress = dataset._begin_iteration(self.num_workers, packets=True)
+        if self.persistent_workers and self._iterator is not None:
+            if self._workers_hold != dataset._iteration:
+                self._iterator._shutdown_workers()  # type: ignore[attr-defined]
+                self._iterator = None
+        self._workers_hold = dataset._iteration
+        packets = super().__iter__()
+        dataset._end_iteration_setup()
+        waiting: dict[int, deque[tuple[Any, Position]]] = {
+            w: deque() for w in range(self.num_workers)
+        }
+        sending = set(waiting)  # workers whose last packet has not arrived
+        worker = progress.cursor
+        while sending or any(waiting.values()):
+            while not waiting[worker] and worker in sending:
+                packet = next(packets)
+                waiting[packet.worker].extend(packet.unpack())
+                if packet.last:
+                    sending.discard(packet.worker)
+            if waiting[worker]:
+                batch, position = waiting[worker].popleft()
+                progress.positions[worker] = position
+                progress.cursor = (worker + 1) % self.num_workers
+                yield batch
+            worker = (worker + 1) % self.num_workers
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dataset's state: what this loader has handed to the training loop."""
+        return self.dataset.state_dict()
+
+    def load_state_dict(
+        self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, elastic: bool = False
+    ) -> None:
+        """Continue from ``state`` at the next iteration (see ``StructuredDataset``)."""
+        self.dataset.load_state_dict(state, elastic=elastic)
