@@ -209,6 +209,29 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         self._progress = None
         self._resumed = True
 
+    def save_state_global(self, dst_rank: int = 0) -> list[dict[str, Any]] | None:
+        """Collective: every rank's ``state_dict()`` on ``dst_rank`` (``None`` elsewhere)."""
+        from ._distributed import gather_states
+
+        return gather_states(self.state_dict(), dst_rank)
+
+    def restore_state_global(
+        self,
+        states: Sequence[Mapping[str, Any]] | None,
+        src_rank: int | None = 0,
+        *,
+        elastic: bool = False,
+    ) -> None:
+        """Collective: load this rank's state from the list held by ``src_rank``.
+
+        ``src_rank=None`` means every rank already holds the full list. With ``elastic=True``
+        the list may come from a job with another ``world_size``/``num_workers``.
+        """
+        from ._distributed import scatter_states
+
+        mine = scatter_states(states, src_rank, self._rank, self._world_size, elastic=elastic)
+        self.load_state_dict(mine, elastic=elastic)
+
     # ----------------------------------------------------------------- iteration
 
     def __len__(self) -> int:

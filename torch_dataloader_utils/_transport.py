@@ -88,7 +88,11 @@ def _same_layout(batches: list[dict[str, Any]]) -> bool:
 
 def _join(values: list[Any]) -> Any:
     if isinstance(values[0], torch.Tensor):
-        return torch.cat(values)
+        # Concatenate straight into shared memory: the queue then sends a handle, not a copy.
+        first = values[0]
+        rows = sum(len(v) for v in values)
+        out = torch.empty((rows, *first.shape[1:]), dtype=first.dtype).share_memory_()
+        return torch.cat(values, out=out)
     if isinstance(values[0], np.ndarray):
         joined = np.concatenate(values)
         # numeric numpy travels as a shared-memory tensor; object arrays are pickled.

@@ -41,5 +41,5 @@ class ParquetFormat(FileFormat):
             batch_size=batch_rows,
             row_groups=list(units),
             columns=None if columns is None else list(columns),
-            use_threads=True,
+            use_threads=False,
         )
