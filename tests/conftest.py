@@ -1,0 +1,49 @@
+"""Shared fixtures: small datasets with many splits, and a modest hypothesis profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from _data import write_dataset
+
+# Each multi-worker example forks DataLoader workers; keep property tests few and deadline-free.
+settings.register_profile(
+    "tdu",
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("tdu")
+
+# 3 files of 230/170/300 rows in row groups of 16 rows: 44 row groups, split_bytes small
+# enough that most splits hold one or two row groups.
+ROWS_PER_FILE = (230, 170, 300)
+TOTAL_ROWS = sum(ROWS_PER_FILE)
+
+
+@pytest.fixture(scope="session")
+def parquet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("parquet")
+    write_dataset(root, ROWS_PER_FILE, row_group_size=16)
+    return root
+
+
+@pytest.fixture(scope="session")
+def arrow_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("arrow")
+    write_dataset(root, ROWS_PER_FILE, row_group_size=16, format="arrow")
+    return root
+
+
+@pytest.fixture(scope="session")
+def small_split(parquet_dir: Path) -> int:
+    """A split_bytes that puts about two row groups of ``parquet_dir`` in each split."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(next(parquet_dir.glob("*.parquet"))).metadata
+    group = meta.row_group(0)
+    one = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+    return 2 * one + 1
