@@ -1,0 +1,143 @@
+"""File discovery through fsspec: directories, globs, single files, lists; local and memory://."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from _data import ids_of, rows_table, write_dataset, write_parquet
+from torch_dataloader_utils import DataSourceError, StructuredDataset
+from torch_dataloader_utils._storage import Storage
+
+
+def _names(entries, root: Path) -> list[str]:
+    return [str(Path(e.path).relative_to(root)) for e in entries]
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    table = rows_table(0, 10)
+    for rel in ["b/2.parquet", "b/1.parquet", "a.parquet", "c/d/e.parquet", "c/0.parquet"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        write_parquet(tmp_path / rel, table, 5)
+    for rel in ["_SUCCESS", ".part.crc", "b/_common_metadata", "_tmp/x.parquet", ".hid/y.parquet"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"not parquet")
+    return tmp_path
+
+
+def test_directory_is_walked_recursively_sorted_skipping_hidden(tree: Path):
+    entries = Storage(str(tree)).list_files(str(tree))
+    assert _names(entries, tree) == [
+        "a.parquet", "b/1.parquet", "b/2.parquet", "c/0.parquet", "c/d/e.parquet",
+    ]  # fmt: skip
+    for entry in entries:
+        assert entry.size == Path(entry.path).stat().st_size
+        assert entry.version  # mtime
+
+
+def test_dataset_over_a_directory_ignores_success_and_crc_files(tree: Path):
+    loader, _ = StructuredDataset.create_dataloader(str(tree), batch_size=100)
+    assert [len(ids_of(b)) for b in loader] == [50]
+
+
+def test_glob_skips_hidden_names(tree: Path):
+    entries = Storage(str(tree)).list_files(str(tree / "b" / "*"))
+    assert _names(entries, tree) == ["b/1.parquet", "b/2.parquet"]
+    entries = Storage(str(tree)).list_files(str(tree / "c" / "*" / "*.parquet"))
+    assert _names(entries, tree) == ["c/d/e.parquet"]
+    (tree / "b" / "_3.parquet").write_bytes(b"hidden")
+    entries = Storage(str(tree)).list_files(str(tree / "b" / "*.parquet"))
+    assert _names(entries, tree) == ["b/1.parquet", "b/2.parquet"]
+
+
+def test_single_file_and_list_keep_item_order(tree: Path):
+    storage = Storage(str(tree))
+    assert _names(storage.list_files(str(tree / "c/0.parquet")), tree) == ["c/0.parquet"]
+    got = storage.list_files([str(tree / "c"), str(tree / "a.parquet")])
+    assert _names(got, tree) == ["c/0.parquet", "c/d/e.parquet", "a.parquet"]
+
+
+def test_file_named_twice_is_an_error(tree: Path):
+    with pytest.raises(ValueError, match=r"a\.parquet is named twice"):
+        Storage(str(tree)).list_files([str(tree / "a.parquet"), str(tree)])
+
+
+def test_missing_path_names_it(tmp_path: Path):
+    missing = str(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="nope"):
+        Storage(missing).list_files(missing)
+    with pytest.raises(FileNotFoundError, match="nope"):
+        StructuredDataset(missing)
+
+
+def test_empty_directory_and_only_hidden_files(tmp_path: Path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no data files under .*empty"):
+        StructuredDataset(str(tmp_path / "empty"))
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / "_SUCCESS").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="ignored"):
+        StructuredDataset(str(tmp_path / "hidden"))
+
+
+def test_empty_list_is_an_error():
+    with pytest.raises(ValueError, match="path is empty"):
+        Storage("/").list_files([])
+
+
+def test_storage_pickles(tmp_path: Path):
+    storage = pickle.loads(pickle.dumps(Storage(str(tmp_path))))
+    assert storage.is_local
+    assert storage.display("/x/y") == "/x/y"
+
+
+def test_open_missing_file_is_data_source_error(tmp_path: Path):
+    with pytest.raises(DataSourceError, match="nope.parquet"):
+        Storage(str(tmp_path)).open(str(tmp_path / "nope.parquet"))
+
+
+# ---------------------------------------------------------------------------- memory://
+
+
+@pytest.fixture
+def memory_root(tmp_path: Path):
+    """A unique memory:// prefix holding a copy of a small 3-file dataset."""
+    local = write_dataset(tmp_path / "src", [40, 30, 50], row_group_size=8)
+    fs = fsspec.filesystem("memory")
+    root = f"/tdu-{uuid.uuid4().hex}"
+    for path in local:
+        fs.pipe(f"{root}/data/{Path(path).name}", Path(path).read_bytes())
+    fs.pipe(f"{root}/data/_SUCCESS", b"")
+    yield f"memory://{root}"
+    fs.rm(root, recursive=True)
+
+
+def test_memory_directory_glob_and_file(memory_root: str):
+    storage = Storage(memory_root)
+    assert not storage.is_local
+    listed = [storage.display(e.path) for e in storage.list_files(f"{memory_root}/data")]
+    assert listed == [f"{memory_root}/data/part-0000{i}.parquet" for i in range(3)]
+    globbed = storage.list_files(f"{memory_root}/data/*.parquet")
+    assert [e.path for e in globbed] == [e.path for e in storage.list_files(f"{memory_root}/data")]
+    single = storage.list_files(f"{memory_root}/data/part-00001.parquet")
+    assert len(single) == 1 and single[0].size > 0
+
+
+def test_memory_dataset_reads_every_row_and_resumes(memory_root: str):
+    import _harness
+
+    case = {"path": f"{memory_root}/data", "batch_size": 7, "split_bytes": 1, "shuffle": True}
+    full = _harness.run_epoch(case)
+    assert sorted(_harness.ids(full)) == list(range(120))
+    state = _harness.assert_resume_exact(case, 5, full=full)
+    assert all(p[0].startswith("memory://") for p in state["partial"])
+
+
+def test_memory_missing_path(memory_root: str):
+    with pytest.raises(FileNotFoundError, match="nothing-here"):
+        StructuredDataset(f"{memory_root}/nothing-here")
