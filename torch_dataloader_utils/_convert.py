@@ -16,64 +16,95 @@ anything else                  ``list`` of Python values (``to_pylist``)
 
 Nulls in integer, boolean or fixed-size-list columns have no tensor value; they raise
 ``ValueError`` naming the column. Use ``output="arrow"`` to handle them yourself.
+
+Tensors share memory with Arrow (DLPack, no copy) when the format decodes into fresh memory
+(Parquet); otherwise (memory-mapped Arrow IPC, which is read-only) they are copied once.
+numpy outputs are read-only views where Arrow allows it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.types as pat
 import torch
+from torch.utils.dlpack import from_dlpack
 
-__all__ = ["OUTPUTS", "convert"]
+__all__ = ["OUTPUTS", "convert", "converted_row_bytes"]
 
 OUTPUTS = ("torch", "numpy", "arrow")
 
 
-def convert(batch: pa.RecordBatch, output: str) -> Any:
-    """``batch`` as ``output``: a RecordBatch, or a dict of column name to array/tensor/list."""
+def convert(batch: pa.RecordBatch, output: str, *, copy: bool) -> Any:
+    """``batch`` as ``output``; ``copy`` when Arrow's buffers must not back writable tensors."""
     if output == "arrow":
         return batch
-    as_tensor = output == "torch"
-    return {
-        name: _column(batch.column(i), name, as_tensor) for i, name in enumerate(batch.schema.names)
-    }
+    columns = zip(batch.schema.names, batch.columns, strict=True)
+    if output == "numpy":
+        return {name: _array(column, name) for name, column in columns}
+    return {name: _tensor(column, name, copy) for name, column in columns}
 
 
-def _column(array: pa.Array, name: str, as_tensor: bool) -> Any:
+def converted_row_bytes(schema: pa.Schema) -> int:
+    """Bytes per row of the numeric arrays/tensors ``convert`` makes for ``schema``."""
+    return sum(_fixed_bytes(field.type) for field in schema)
+
+
+def _fixed_bytes(kind: pa.DataType) -> int:
+    if pat.is_dictionary(kind):
+        return _fixed_bytes(kind.value_type)
+    if pat.is_fixed_size_list(kind):
+        return int(kind.list_size) * _fixed_bytes(kind.value_type)
+    if pat.is_boolean(kind):
+        return 1
+    if pat.is_integer(kind) or pat.is_floating(kind) or pat.is_temporal(kind):
+        return max(1, int(kind.bit_width) // 8)
+    return 0
+
+
+def _tensor(array: pa.Array, name: str, copy: bool) -> Any:
+    flat = _fixed_width(array, name)
+    if flat is None:
+        if pat.is_string(array.type) or pat.is_large_string(array.type):
+            return array.to_pylist()
+        return _array(array, name)
+    values, shape = flat
+    if values.null_count or pat.is_boolean(values.type):  # NaN-filled or unpacked: a new array
+        return torch.from_numpy(values.to_numpy(zero_copy_only=False).reshape(shape))
+    tensor = from_dlpack(values)
+    if len(shape) > 1:
+        tensor = tensor.reshape(shape)
+    return tensor.clone() if copy else tensor
+
+
+def _array(array: pa.Array, name: str) -> Any:
+    flat = _fixed_width(array, name)
+    if flat is None:
+        if pat.is_string(array.type) or pat.is_large_string(array.type):
+            return array.to_numpy(zero_copy_only=False)
+        return array.to_pylist()
+    values, shape = flat
+    return values.to_numpy(zero_copy_only=False).reshape(shape)
+
+
+def _fixed_width(array: pa.Array, name: str) -> tuple[pa.Array, tuple[int, ...]] | None:
+    """A primitive array of the column's values and the shape to give them; ``None`` if none."""
     if pat.is_dictionary(array.type):
         array = array.dictionary_decode()
-    values = _numeric(array, name)
-    if values is None:
-        if pat.is_string(array.type) or pat.is_large_string(array.type):
-            return array.to_numpy(zero_copy_only=False) if not as_tensor else array.to_pylist()
-        return array.to_pylist()
-    if not as_tensor:
-        return values
-    # Arrow buffers are read-only (and memory-mapped for local Arrow files): copy once.
-    return torch.from_numpy(values if values.flags.writeable else values.copy())
-
-
-def _numeric(array: pa.Array, name: str) -> np.ndarray | None:
-    """A numpy view/copy of a numeric-like column, ``None`` for other types."""
     kind = array.type
     if pat.is_temporal(kind):
         width = pa.int32() if kind.bit_width == 32 else pa.int64()
-        return _numeric(array.view(width) if array.null_count == 0 else array.cast(width), name)
+        return _fixed_width(array.view(width) if not array.null_count else array.cast(width), name)
     if pat.is_fixed_size_list(kind):
         _no_nulls(array, name)
-        inner = _numeric(array.flatten(), name)
-        if inner is None:
-            return None
-        return inner.reshape(len(array), kind.list_size, *inner.shape[1:])
-    if pat.is_floating(kind):
-        return array.to_numpy(zero_copy_only=False)
+        inner = _fixed_width(array.flatten(), name)
+        return None if inner is None else (inner[0], (len(array), kind.list_size, *inner[1][1:]))
     if pat.is_integer(kind) or pat.is_boolean(kind):
         _no_nulls(array, name)
-        return array.to_numpy(zero_copy_only=False)
-    return None
+    elif not pat.is_floating(kind):
+        return None
+    return array, (len(array),)
 
 
 def _no_nulls(array: pa.Array, name: str) -> None:

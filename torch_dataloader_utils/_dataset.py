@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import numpy as np
 import torch.utils.data
 
 from ._config import DEFAULT_SPLIT_BYTES, DatasetConfig
-from ._convert import convert
+from ._convert import convert, converted_row_bytes
 from ._formats import get_format
 from ._index import build_index
 from ._plan import Consumed, EpochPlan, epoch_order
@@ -26,8 +27,8 @@ from ._state import (
     stored_split,
 )
 from ._storage import Storage
-from ._stream import Position, prefetch, read_stream
-from ._transport import Packet, pack
+from ._stream import Position, Run, read_stream
+from ._transport import Packet, Rings, pack, tensor_bytes
 from ._world import World, detect_ranks, detect_worker
 
 if TYPE_CHECKING:
@@ -35,11 +36,10 @@ if TYPE_CHECKING:
 
 __all__ = ["StructuredDataset"]
 
-# Decoded chunks a stream reads ahead of the batch being converted.
-_PREFETCH_DEPTH = 2
+# Decoded chunks a stream reads ahead, in a thread, of the batch being converted.
+_READ_AHEAD = 2
 # A worker's packets grow 1, 2, 4, ... batches (a fast first batch) up to this many.
-_MAX_PACKET_BATCHES = 32
-_MAX_PACKET_ROWS = 1 << 18
+_MAX_PACKET_BATCHES = 64
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,28 @@ class _Start:
 
 @dataclass(frozen=True)
 class _Iteration:
-    """What workers need to start: where, and whether to send packets to our loader."""
+    """What workers need to start: where, and the rings to pack into for our loader."""
 
     start: _Start
-    packets: bool = False
+    rings: Rings | None = None
+
+
+# What a packet is made of: parts (chunks or batches), rows per batch, positions, is-last.
+_Parts = tuple[list[Any], list[int] | list[dict[str, int]], list[Position], bool]
+
+
+def _doubling(cap: int) -> Iterator[int]:
+    """1, 2, 4, ... then ``cap`` forever: a fast first batch, then few large packets."""
+    size = 1
+    while True:
+        yield min(size, cap)
+        size *= 2
+
+
+def _lengths(batches: list[Any]) -> list[dict[str, int]] | list[int]:
+    if all(isinstance(b, dict) for b in batches):
+        return [{k: len(v) for k, v in b.items()} for b in batches]
+    return [len(b) for b in batches]
 
 
 class StructuredDataset(torch.utils.data.IterableDataset[Any]):
@@ -256,11 +274,11 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             return self._deliver(0, progress)
         progress = self._begin(iteration.start, worker[1])
         progress.positions = {worker[0]: progress.positions[worker[0]]}
-        if iteration.packets:
-            return self._packets(worker[0], progress)
+        if iteration.rings is not None:
+            return self._packets(worker[0], progress, iteration.rings)
         return self._deliver(worker[0], progress)
 
-    def _begin_iteration(self, num_workers: int, *, packets: bool = False) -> Progress:
+    def _begin_iteration(self, num_workers: int, rings: Rings | None = None) -> Progress:
         """Main process: validate the start for ``num_workers``, hand it to workers, track it.
 
         Later iterations start the epoch afresh unless a state is loaded again.
@@ -268,8 +286,15 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         start = self._iteration.start
         progress = self._begin(start, num_workers)
         self._progress = progress
-        self._iteration = _Iteration(start, packets=packets)
+        self._iteration = _Iteration(start, rings)
         return progress
+
+    def _starts_fresh(self) -> bool:
+        """Whether the next iteration starts the epoch from its beginning."""
+        start = self._iteration.start
+        return start.checkpoint_workers is None and not (
+            start.delivered.done.any() or start.delivered.partial or start.base.done.any()
+        )
 
     def _end_iteration_setup(self) -> None:
         """Main process, once workers hold their copy: later iterations start afresh."""
@@ -295,32 +320,64 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             progress.cursor = 0
             yield batch
 
-    def _packets(self, worker: int, progress: Progress) -> Iterator[Packet]:
-        """Runs of 1, 2, 4, ... batches; the last packet (maybe empty) says the stream ended."""
+    def _packets(self, worker: int, progress: Progress, rings: Rings) -> Iterator[Packet]:
+        """Packets of 1, 2, 4, ... batches; the last packet (maybe empty) ends the stream.
+
+        Without a transform, a packet converts whole decoded chunks at once, so no per-batch
+        work happens in the worker; tensors view Arrow's buffers until packed into the ring.
+        """
+        generation = rings.generation()
+        if self._config.transform is None:
+            items = self._chunk_packets(worker, progress, rings.slot_bytes)
+        else:
+            items = self._batch_packets(worker, progress, rings.slot_bytes)
+        for number, (parts, lengths, positions, last) in enumerate(items):
+            if not rings.wait_for_slot(worker, number, generation):
+                return
+            yield pack(rings, worker, number, parts, lengths, positions, last=last)
+
+    def _chunk_packets(self, worker: int, progress: Progress, slot_bytes: int) -> Iterator[_Parts]:
+        config = self._config
+        batch_bytes = max(1, config.batch_size * converted_row_bytes(self._index.schema))
+        sizes = _doubling(max(1, min(_MAX_PACKET_BATCHES, slot_bytes // batch_bytes)))
+        for run in self._read(worker, progress, sizes):
+            parts = [convert(chunk, config.output, copy=False) for chunk in run.chunks]
+            yield parts, run.lengths, run.positions, False
+        yield [], [], [], True
+
+    def _batch_packets(self, worker: int, progress: Progress, slot_bytes: int) -> Iterator[_Parts]:
         batches: list[Any] = []
         positions: list[Position] = []
-        size, rows = 1, 0
-        for batch, position in self._batches(worker, progress):
+        sizes, nbytes = _doubling(_MAX_PACKET_BATCHES), 0
+        size = next(sizes)
+        for batch, position in self._batches(worker, progress, copy=False):
+            more = tensor_bytes(batch)
+            if batches and (len(batches) >= size or nbytes + more > slot_bytes):
+                yield batches, _lengths(batches), positions, False
+                batches, positions, nbytes, size = [], [], 0, next(sizes)
             batches.append(batch)
             positions.append(position)
-            rows += self._config.batch_size
-            if len(batches) >= size or rows >= _MAX_PACKET_ROWS:
-                yield pack(worker, batches, positions, last=False)
-                batches, positions, rows = [], [], 0
-                size = min(2 * size, _MAX_PACKET_BATCHES)
-        yield pack(worker, batches, positions, last=True)
+            nbytes += more
+        yield batches, _lengths(batches), positions, True
 
-    def _batches(self, worker: int, progress: Progress) -> Iterator[tuple[Any, Position]]:
+    def _batches(
+        self, worker: int, progress: Progress, *, copy: bool = True
+    ) -> Iterator[tuple[Any, Position]]:
+        """Converted, transformed batches; ``copy=False`` when they are copied again anyway."""
         config = self._config
-        pieces = progress.plan.stream(progress.settings.world(worker))
-        batches = read_stream(
-            self._index, self._storage, self._format, pieces,
+        copy = copy and not self._format.decodes_into_new_memory
+        for run in self._read(worker, progress, itertools.repeat(1)):
+            out = convert(run.batch(), config.output, copy=copy)
+            yield (out if config.transform is None else config.transform(out)), run.positions[0]
+
+    def _read(self, worker: int, progress: Progress, sizes: Iterator[int]) -> Iterator[Run]:
+        config = self._config
+        return read_stream(
+            self._index, self._storage, self._format,
+            progress.plan.stream(progress.settings.world(worker)),
             progress.positions.get(worker, (0, 0)), config.columns, config.batch_size,
-            config.drop_last,
+            config.drop_last, run_sizes=sizes, read_ahead=_READ_AHEAD,
         )  # fmt: skip
-        for batch, position in prefetch(batches, _PREFETCH_DEPTH):
-            out = convert(batch, config.output)
-            yield (out if config.transform is None else config.transform(out)), position
 
     def _plan(self, start: _Start) -> EpochPlan:
         config = self._config

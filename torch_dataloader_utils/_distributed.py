@@ -1,16 +1,55 @@
-"""The only module that calls ``torch.distributed``: the explicit global-state collectives."""
+"""The only module that calls ``torch.distributed``: the explicit global-state collectives.
+
+``gather_states`` collects every rank's ``state_dict()`` on one rank (``dist.gather_object``).
+``scatter_states`` hands the saved list back: without ``elastic`` each rank receives only its
+own entry (``dist.scatter_object_list``); with ``elastic`` every rank needs every old state, so
+the whole list is broadcast (``dist.broadcast_object_list``). With ``src_rank=None`` every rank
+already holds the list and nothing is communicated.
+
+The list is validated where it is known (on ``src_rank``) and a failure is sent to every rank,
+so all ranks raise the same error together instead of some of them waiting forever in a
+collective the others have left.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from ._errors import CheckpointMismatchError, InvalidStateError
+from ._state import check_setting, stored_split
 
 __all__ = ["gather_states", "scatter_states"]
+
+T = TypeVar("T")
 
 
 def gather_states(state: dict[str, Any], dst_rank: int) -> list[dict[str, Any]] | None:
     """Every rank's ``state`` as a list on ``dst_rank``; ``None`` on the others."""
-    raise NotImplementedError("issue 3")
+    world_size = _require_process_group("save_state_global")
+    _check_rank_arg("dst_rank", dst_rank, world_size)
+    if state["_world_size"] != world_size:
+        raise ValueError(
+            f"save_state_global gathers over the default process group of {world_size} ranks, "
+            f"but this dataset was built for world_size={state['_world_size']}. Gather over "
+            f"your data-parallel group yourself (dist.all_gather_object(..., group=...)) and "
+            f"save that list instead."
+        )
+    mine = dist.get_rank()
+    gathered: list[Any] | None = [None] * world_size if mine == dst_rank else None
+    dist.gather_object(state, gathered, dst=dst_rank)
+    if gathered is None:
+        return None
+    ranks = [s["_rank"] for s in gathered]
+    if ranks != list(range(world_size)):
+        raise ValueError(
+            f"save_state_global gathered the states of dataset ranks {ranks} from process ranks "
+            f"0..{world_size - 1}: the dataset's rank must be the process's rank (leave rank "
+            f"and world_size to detection), or gather the states yourself in dataset-rank order"
+        )
+    return [dict(s) for s in gathered]
 
 
 def scatter_states(
@@ -22,4 +61,190 @@ def scatter_states(
     elastic: bool,
 ) -> Mapping[str, Any] | Sequence[Mapping[str, Any]]:
     """What this rank loads: its own state, or (elastic) the whole list."""
-    raise NotImplementedError("issue 3")
+    if src_rank is None:  # every rank holds the list: nothing to communicate
+        if elastic:
+            return _as_list(states)
+        return _own_state(_as_list(states), rank, world_size)
+    group_size = _require_process_group("restore_state_global")
+    _check_rank_arg("src_rank", src_rank, group_size)
+    if elastic:
+        return _broadcast_list(states, src_rank)
+    return _scatter_own(states, src_rank, rank, world_size, group_size)
+
+
+# ----------------------------------------------------------------- collectives
+
+
+def _broadcast_list(
+    states: Sequence[Mapping[str, Any]] | None, src_rank: int
+) -> Sequence[Mapping[str, Any]]:
+    """The whole list on every rank; an unusable list raises on every rank."""
+    payload: list[Any] = [None]
+    if dist.get_rank() == src_rank:
+        payload[0] = _outcome(lambda: _as_list(states))
+    dist.broadcast_object_list(payload, src=src_rank)
+    return _unwrap(payload[0])  # type: ignore[no-any-return]
+
+
+def _scatter_own(
+    states: Sequence[Mapping[str, Any]] | None,
+    src_rank: int,
+    rank: int,
+    world_size: int,
+    group_size: int,
+) -> Mapping[str, Any]:
+    """Process ``i`` receives ``states[i]``; a bad list raises the same error on every rank."""
+    inputs: list[Any] | None = None
+    if dist.get_rank() == src_rank:
+        checked = _outcome(lambda: _checked_list(_as_list(states), world_size, group_size))
+        inputs = [checked] * group_size if isinstance(checked, _Failure) else list(checked)
+    received: list[Any] = [None]
+    dist.scatter_object_list(received, inputs, src=src_rank)
+    own = _unwrap(received[0])
+    _check_owner(own, rank)
+    return own  # type: ignore[no-any-return]
+
+
+class _Failure:
+    """An error decided on the source rank, shipped to every rank to raise there."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _outcome(compute: Callable[[], T]) -> T | _Failure:
+    try:
+        return compute()
+    except (CheckpointMismatchError, InvalidStateError, TypeError, ValueError) as exc:
+        return _Failure(exc)
+
+
+def _unwrap(value: Any) -> Any:
+    if isinstance(value, _Failure):
+        raise value.error
+    return value
+
+
+# ----------------------------------------------------------------- validation
+
+
+def _require_process_group(caller: str) -> int:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            f"{caller} is a collective over torch.distributed, which is not initialised in this "
+            f"process: call torch.distributed.init_process_group(...) first (torchrun sets the "
+            f"environment for it). In a single process use state_dict()/load_state_dict(), or "
+            f"restore_state_global(states, src_rank=None) when you hold the whole list."
+        )
+    return dist.get_world_size()
+
+
+def _check_rank_arg(name: str, value: object, world_size: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < world_size:
+        raise ValueError(
+            f"{name} must be a rank of the process group, in [0, {world_size}), got {value!r}"
+        )
+
+
+def _as_list(states: object) -> list[Mapping[str, Any]]:
+    if states is None:
+        raise ValueError(
+            "restore_state_global got states=None on the rank that must hold them (src_rank); "
+            "pass the list returned by save_state_global, loaded from the checkpoint"
+        )
+    if isinstance(states, Mapping) or not isinstance(states, Sequence):
+        raise TypeError(
+            f"restore_state_global takes the list of every rank's state (as save_state_global "
+            f"returns it), got {type(states).__name__}; for one rank's own state use "
+            f"load_state_dict(state)"
+        )
+    out = list(states)
+    if not out:
+        raise InvalidStateError("no states given: pass one state per rank of the old job")
+    for number, state in enumerate(out):
+        if not isinstance(state, Mapping):
+            raise InvalidStateError(f"states[{number}] must be a dict, got {type(state).__name__}")
+        for key in ("_rank", "_world_size"):
+            value = state.get(key)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidStateError(
+                    f"states[{number}] has no int key {key!r}; was it saved by this library?"
+                )
+    return out
+
+
+def _checked_list(
+    states: list[Mapping[str, Any]], world_size: int, group_size: int
+) -> list[Mapping[str, Any]]:
+    """Non-elastic: one state per rank, in rank order, of a job with this ``world_size``."""
+    _check_coverage(states)
+    _check_order(states)
+    old_world = states[0]["_world_size"]
+    check_setting("world_size", old_world, world_size, _split_of(states[0]))
+    if group_size != world_size:
+        raise ValueError(
+            f"restore_state_global scatters over the default process group of {group_size} "
+            f"ranks, but the dataset has world_size={world_size}; load states[rank] with "
+            f"load_state_dict on each rank instead"
+        )
+    return states
+
+
+def _own_state(states: list[Mapping[str, Any]], rank: int, world_size: int) -> Mapping[str, Any]:
+    own = _checked_list(states, world_size, world_size)[rank]
+    _check_owner(own, rank)
+    return own
+
+
+def _check_coverage(states: list[Mapping[str, Any]]) -> None:
+    """One state per old rank, exactly once (the message style of ``merge_states``)."""
+    ranks = sorted(s["_rank"] for s in states)
+    world_size = states[0]["_world_size"]
+    if ranks == list(range(world_size)) and {s["_world_size"] for s in states} == {world_size}:
+        return
+    missing = sorted(set(range(world_size)) - set(ranks))
+    duplicated = sorted({r for r in ranks if ranks.count(r) > 1})
+    raise CheckpointMismatchError(
+        f"the states do not cover the old job's ranks exactly once: ranks {ranks} for "
+        f"world_size={world_size} (missing {missing}, duplicated {duplicated})."
+        f"\nLikely cause: states list incomplete: checkpoint=world_size {world_size}, "
+        f"current={len(states)} states",
+        split=_split_of(states[0]), field="rank", expected=list(range(world_size)), found=ranks,
+    )  # fmt: skip
+
+
+def _check_order(states: list[Mapping[str, Any]]) -> None:
+    """``states[r]`` must be rank ``r``'s, as the gathers return them."""
+    for index, state in enumerate(states):
+        if state["_rank"] != index:
+            split = _split_of(state)
+            raise CheckpointMismatchError(
+                f"the states are not in rank order: states[{index}] is the state of rank "
+                f"{state['_rank']} (stored split {split}). Pass the list as save_state_global "
+                f"or dist.all_gather_object returns it."
+                f"\nLikely cause: states list reordered: checkpoint=rank {state['_rank']} at "
+                f"index {index}, current=rank {index}",
+                split=split, field="rank", expected=state["_rank"], found=index,
+            )  # fmt: skip
+
+
+def _check_owner(state: Mapping[str, Any], rank: int) -> None:
+    """The entry this rank received must be its own: the list must be in rank order."""
+    owner = state["_rank"]
+    if owner == rank:
+        return
+    split = _split_of(state)
+    raise CheckpointMismatchError(
+        f"the state of rank {owner} was handed to rank {rank}: stored split {split} belongs to "
+        f"rank {owner}'s stream. Pass the list in rank order, as save_state_global or "
+        f"dist.all_gather_object returns it (states[rank] is rank's own state)."
+        f"\nLikely cause: rank changed: checkpoint={owner}, current={rank}",
+        split=split, field="rank", expected=owner, found=rank,
+    )  # fmt: skip
+
+
+def _split_of(state: Mapping[str, Any]) -> str:
+    try:
+        return stored_split(state)
+    except (KeyError, TypeError, IndexError, AttributeError):
+        return "(unknown split)"

@@ -1,12 +1,14 @@
 """The dataset index: listed files, their footers and fingerprints, and the splits cut from them.
 
 This is the only planning step that does I/O. Footers are read once, in parallel, and travel
-with the index to workers, which never read them again.
+with the index to workers, which never read them again. Footers already in the local index
+cache (``_cache``) are not read at all; only new or changed files are.
 """
 
 from __future__ import annotations
 
 import math
+import sqlite3
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +18,7 @@ import pyarrow as pa
 import xxhash
 from tqdm.auto import tqdm
 
+from ._cache import IndexCache, open_cache, warn_once
 from ._errors import DataSourceError, SchemaMismatchError
 from ._formats import FileFormat, FileMetadata
 from ._plan import Split, cut_splits
@@ -70,10 +73,71 @@ def build_index(
     columns: Sequence[str] | None,
     split_bytes: int,
 ) -> DatasetIndex:
-    """List ``paths``, read every footer (thread pool, progress bar on long lists), cut splits."""
+    """List ``paths``, read the footers not cached (thread pool, progress bar), cut splits."""
     entries = storage.list_files(paths)
+    metas = _metadata(storage, fmt, entries)
+    files = tuple(
+        IndexedFile(e.path, storage.display(e.path), _fingerprint(e, m), m)
+        for e, m in zip(entries, metas, strict=True)
+    )
+    schema = _common_schema(files, columns)
+    splits = cut_splits(
+        [f.metadata.unit_bytes for f in files], [f.metadata.unit_rows for f in files], split_bytes
+    )
+    if not storage.is_local:
+        storage.plan_reads(_read_plans(files, splits), columns)
+    return DatasetIndex(files, tuple(splits), schema)
+
+
+def _metadata(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> list[FileMetadata]:
+    """Every entry's metadata: from the index cache where still valid, else from storage."""
+    cache = open_cache()
+    try:
+        found = _cached(cache, storage, fmt, entries)
+        missing = [i for i, m in enumerate(found) if m is None]
+        read = _read_all(storage, fmt, [entries[i] for i in missing])
+        if cache is not None and missing:
+            _store(
+                cache, storage, fmt, [(entries[i], m) for i, m in zip(missing, read, strict=True)]
+            )
+    finally:
+        if cache is not None:
+            cache.close()
+    for i, meta in zip(missing, read, strict=True):
+        found[i] = meta
+    return found  # type: ignore[return-value]
+
+
+def _cached(
+    cache: IndexCache | None, storage: Storage, fmt: FileFormat, entries: list[FileEntry]
+) -> list[FileMetadata | None]:
+    if cache is None:
+        return [None] * len(entries)
+    try:
+        return cache.get(storage.namespace, fmt.name, entries)
+    except (sqlite3.Error, OSError, ValueError, pa.ArrowException) as exc:
+        warn_once(f"index cache {cache.path} cannot be read ({exc}); indexing from storage")
+        return [None] * len(entries)
+
+
+def _store(
+    cache: IndexCache,
+    storage: Storage,
+    fmt: FileFormat,
+    items: list[tuple[FileEntry, FileMetadata]],
+) -> None:
+    try:
+        cache.put(storage.namespace, fmt.name, items)
+    except (sqlite3.Error, OSError, ValueError, pa.ArrowException) as exc:
+        warn_once(f"index cache {cache.path} cannot be written ({exc})")
+
+
+def _read_all(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> list[FileMetadata]:
+    """Footers of ``entries`` read in parallel, with a progress bar on long lists."""
+    if not entries:
+        return []
     with ThreadPoolExecutor(min(_MAX_READ_THREADS, len(entries))) as pool:
-        metas = list(
+        return list(
             tqdm(
                 pool.map(lambda e: _read_metadata(storage, fmt, e), entries),
                 total=len(entries),
@@ -83,15 +147,16 @@ def build_index(
                 file=sys.stderr,
             )
         )
-    files = tuple(
-        IndexedFile(e.path, storage.display(e.path), _fingerprint(e, m), m)
-        for e, m in zip(entries, metas, strict=True)
-    )
-    schema = _common_schema(files, columns)
-    splits = cut_splits(
-        [f.metadata.unit_bytes for f in files], [f.metadata.unit_rows for f in files], split_bytes
-    )
-    return DatasetIndex(files, tuple(splits), schema)
+
+
+def _read_plans(
+    files: Sequence[IndexedFile], splits: Sequence[Split]
+) -> list[tuple[str, FileMetadata, list[int]]]:
+    """Per file: path, metadata and the unit boundaries of its splits (for remote reads)."""
+    bounds: list[set[int]] = [set() for _ in files]
+    for split in splits:
+        bounds[split.file].update((split.units.start, split.units.stop))
+    return [(f.path, f.metadata, sorted(b)) for f, b in zip(files, bounds, strict=True)]
 
 
 def _read_metadata(storage: Storage, fmt: FileFormat, entry: FileEntry) -> FileMetadata:

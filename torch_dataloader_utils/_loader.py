@@ -10,6 +10,7 @@ import torch.utils.data
 
 from ._dataset import StructuredDataset
 from ._stream import Position
+from ._transport import Rings
 
 __all__ = ["StructuredDataLoader"]
 
@@ -41,7 +42,9 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
             )
         super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
         dataset._num_workers = self.num_workers
-        self._workers_hold: object = None  # the iteration persistent workers were started with
+        self._rings: Rings | None = None
+        # Persistent workers are reused only for a fresh start of the epoch they were given.
+        self._workers_fresh_epoch: int | None = None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self.num_workers == 0:
@@ -51,12 +54,17 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
     def _unpacked(self) -> Iterator[Any]:
         """Batches in strict round-robin over workers from the cursor, whatever the packet sizes."""
         dataset = self.dataset
-        progress = dataset._begin_iteration(self.num_workers, packets=True)
-        if self.persistent_workers and self._iterator is not None:
-            if self._workers_hold != dataset._iteration:
+        reuse = self.persistent_workers and self._iterator is not None
+        if not (reuse and self._rings is not None and self._workers_fresh_epoch == dataset.epoch
+                and dataset._starts_fresh()):  # fmt: skip
+            if self._iterator is not None:
                 self._iterator._shutdown_workers()  # type: ignore[attr-defined]
                 self._iterator = None
-        self._workers_hold = dataset._iteration
+            self._rings = Rings(self.num_workers)
+        rings = self._rings
+        rings.begin()
+        self._workers_fresh_epoch = dataset.epoch if dataset._starts_fresh() else None
+        progress = dataset._begin_iteration(self.num_workers, rings)
         packets = super().__iter__()
         dataset._end_iteration_setup()
         waiting: dict[int, deque[tuple[Any, Position]]] = {
@@ -64,18 +72,21 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         }
         sending = set(waiting)  # workers whose last packet has not arrived
         worker = progress.cursor
-        while sending or any(waiting.values()):
-            while not waiting[worker] and worker in sending:
-                packet = next(packets)
-                waiting[packet.worker].extend(packet.unpack())
-                if packet.last:
-                    sending.discard(packet.worker)
-            if waiting[worker]:
-                batch, position = waiting[worker].popleft()
-                progress.positions[worker] = position
-                progress.cursor = (worker + 1) % self.num_workers
-                yield batch
-            worker = (worker + 1) % self.num_workers
+        try:
+            while sending or any(waiting.values()):
+                while not waiting[worker] and worker in sending:
+                    packet = next(packets)
+                    waiting[packet.worker].extend(packet.unpack(rings))
+                    if packet.last:
+                        sending.discard(packet.worker)
+                if waiting[worker]:
+                    batch, position = waiting[worker].popleft()
+                    progress.positions[worker] = position
+                    progress.cursor = (worker + 1) % self.num_workers
+                    yield batch
+                worker = (worker + 1) % self.num_workers
+        finally:
+            rings.control[0] += 1  # workers still waiting for a slot give up
 
     def state_dict(self) -> dict[str, Any]:
         """The dataset's state: what this loader has handed to the training loop."""

@@ -1,23 +1,43 @@
-"""Where files live: listing through fsspec, opening them for pyarrow, naming them in messages."""
+"""Where files live: listing through fsspec, opening them for pyarrow, naming them in messages.
+
+Local files open as memory maps. Every other protocol (``s3://``, ``gs://``, ``memory://``, ...)
+opens as a ``RemoteFile``: ranged GETs of exactly the bytes pyarrow needs, coalesced per split
+with a bounded read-ahead once ``plan_reads`` has told the storage the footers and projected
+columns (see ``_remote``), each retried on transient errors (see ``_retry``).
+
+``storage_options`` go to fsspec unchanged. Their secret values (keys, secrets, tokens,
+passwords) are scrubbed from every message this module produces.
+"""
 
 from __future__ import annotations
 
+import os
 import posixpath
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import fsspec
 import pyarrow as pa
 from fsspec.implementations.local import LocalFileSystem
 
 from ._errors import DataSourceError
+from ._remote import Layout, RemoteFile, parquet_layout
+from ._retry import DEFAULT_RETRY, RetryPolicy, retry_call
 
-__all__ = ["FileEntry", "Storage"]
+__all__ = ["FileEntry", "Storage", "secret_values"]
+
+T = TypeVar("T")
 
 _GLOB_CHARS = frozenset("*?[")
 # What identifies one version of an object, by filesystem: S3/GCS ETag, then mtime-like fields.
 _VERSION_KEYS = ("ETag", "etag", "md5Hash", "generation", "mtime", "LastModified", "created")
+# storage_options keys (at any depth) whose values are credentials.
+_SECRET_WORDS = ("key", "secret", "token", "password", "credential", "sas", "signature")
+# storage_options keys that say which service a path lives on (part of the index cache key).
+_ENDPOINT_KEYS = ("endpoint_url", "endpoint", "account_name", "project", "host", "port")
 
 
 @dataclass(frozen=True)
@@ -36,9 +56,69 @@ class Storage:
     spawned DataLoader workers. ``storage_options`` never appear in messages or states.
     """
 
-    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        self.fs, _ = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-        self.is_local = isinstance(self.fs, LocalFileSystem)
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ) -> None:
+        options = dict(storage_options or {})
+        self._secrets = secret_values(options)
+        self.retry = retry
+        try:
+            self._fs, _ = fsspec.core.url_to_fs(url, **options)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(self.redact(f"cannot set up storage for {url}: {exc}")) from None
+        except OSError as exc:
+            raise DataSourceError(self.redact(f"cannot set up storage for {url}: {exc}")) from None
+        self._pid = os.getpid()
+        self.is_local = isinstance(self._fs, LocalFileSystem)
+        self.namespace = _namespace(self.fs, options)
+        self._sizes: dict[str, int] = {}
+        self._plans: dict[str, tuple[Any, tuple[int, ...]]] = {}
+        self._columns: tuple[str, ...] | None = None
+        self._layouts: dict[str, Layout | None] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def fs(self) -> Any:
+        """The filesystem, rebuilt from its options in a forked child (fsspec's async
+        filesystems refuse to run on a loop inherited through fork)."""
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    rebuild, args = self._fs.__reduce__()[:2]
+                    self._fs, self._pid = rebuild(*args), os.getpid()
+        return self._fs
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_layouts"] = {}  # derived per process from the plans
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def redact(self, message: str) -> str:
+        """``message`` with every credential from ``storage_options`` replaced by ``***``."""
+        for secret in self._secrets:
+            message = message.replace(secret, "***")
+        return message
+
+    def plan_reads(
+        self, files: Sequence[tuple[str, Any, Sequence[int]]], columns: Sequence[str] | None
+    ) -> None:
+        """Tell the storage each file's metadata and the units where its splits start.
+
+        ``files`` holds ``(path, FileMetadata, split start units)``. Remote Parquet reads then
+        fetch only the projected column chunks of a split, coalesced, with read-ahead.
+        """
+        self._plans = {path: (meta, tuple(starts)) for path, meta, starts in files}
+        self._columns = None if columns is None else tuple(columns)
+        self._layouts = {}
 
     def display(self, path: str) -> str:
         """The path as users wrote it: plain for local files, ``protocol://`` otherwise."""
@@ -53,22 +133,61 @@ class Storage:
         items = [paths] if isinstance(paths, str) else list(paths)
         if not items:
             raise ValueError("path is empty: pass a file, directory, glob or a list of them")
+        if not self.is_local:
+            self.fs.invalidate_cache()  # a listing must see objects changed since the last one
         entries: dict[str, FileEntry] = {}
         for item in items:
-            for entry in self._list_item(item):
+            listed = self._call(partial(self._list_item, item), f"list {item}")
+            for entry in listed:
                 if entry.path in entries:
                     raise ValueError(f"{self.display(entry.path)} is named twice in path")
                 entries[entry.path] = entry
+        self._sizes.update((e.path, e.size) for e in entries.values())
         return list(entries.values())
 
     def open(self, path: str) -> Any:
-        """A pyarrow-readable handle: memory map for local files, fsspec file otherwise."""
-        try:
-            if self.is_local:
+        """A pyarrow-readable handle: memory map for local files, ``RemoteFile`` otherwise."""
+        if self.is_local:
+            try:
                 return pa.memory_map(path)
-            return self.fs.open(path, "rb")
+            except (OSError, ValueError) as exc:
+                raise DataSourceError(f"cannot open {path}: {exc}") from exc
+        name = self.display(path)
+        size = self._sizes.get(path)
+        if size is None:
+            size = int(self._call(lambda: self.fs.size(path), f"open {name}"))
+        return RemoteFile(
+            lambda start, stop: self.fs.cat_file(path, start=start, end=stop),
+            size,
+            name,
+            layout=self._layout(path),
+            retry=self.retry,
+            redact=self.redact,
+        )
+
+    def _layout(self, path: str) -> Layout | None:
+        """The read layout of ``path`` from its planned footer, computed once per process."""
+        with self._lock:
+            if path in self._layouts:
+                return self._layouts[path]
+        plan = self._plans.get(path)
+        footer = getattr(plan[0], "footer", None) if plan is not None else None
+        layout = None
+        if plan is not None and footer is not None and hasattr(footer, "row_group"):
+            layout = parquet_layout(footer, self._columns, plan[1])
+        with self._lock:
+            self._layouts[path] = layout
+        return layout
+
+    def _call(self, fn: Callable[[], T], what: str) -> T:
+        """``fn()`` with retries; failures other than a missing path become DataSourceError."""
+        try:
+            return retry_call(fn, self.retry)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(self.redact(str(exc))) from None
         except (OSError, ValueError) as exc:
-            raise DataSourceError(f"cannot open {self.display(path)}: {exc}") from exc
+            message = self.redact(f"cannot {what}: {exc}")
+            raise DataSourceError(message) from (exc if message.endswith(str(exc)) else None)
 
     def _list_item(self, item: str) -> list[FileEntry]:
         root = self.fs._strip_protocol(item)
@@ -88,6 +207,30 @@ class Storage:
                 f"no data files under {item} (names starting with '.' or '_' are ignored)"
             )
         return [_entry(p, infos[p]) for p in sorted(infos)]
+
+
+def secret_values(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """String values of credential-like keys in ``options``, at any depth, longest first."""
+    found: set[str] = set()
+    for key, value in options.items():
+        if isinstance(value, Mapping):
+            found.update(secret_values(value))
+        elif (
+            isinstance(value, str)
+            and len(value) >= 4
+            and any(word in str(key).lower() for word in _SECRET_WORDS)
+        ):
+            found.add(value)
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def _namespace(fs: Any, options: Mapping[str, Any]) -> str:
+    """Protocol plus the endpoint-like options: which service paths belong to (no secrets)."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    parts = [str(protocol)]
+    nested = {**options.get("client_kwargs", {}), **options}
+    parts += [f"{k}={nested[k]}" for k in _ENDPOINT_KEYS if nested.get(k) is not None]
+    return " ".join(parts)
 
 
 def _hidden(relative: str) -> bool:

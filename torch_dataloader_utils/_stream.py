@@ -1,4 +1,4 @@
-"""Reading one stream: its pieces, from a position, as exact-size Arrow batches with provenance.
+"""Reading one stream: its pieces, from a position, as exact-size batches with provenance.
 
 A *position* ``(count, rows)`` means: the first ``count`` pieces of the stream are delivered,
 and ``rows`` rows of the next one. Each batch carries the position just after its last row.
@@ -10,7 +10,8 @@ import bisect
 import itertools
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 import pyarrow as pa
@@ -21,13 +22,13 @@ from ._index import DatasetIndex
 from ._plan import Pieces
 from ._storage import Storage
 
-__all__ = ["Position", "prefetch", "read_stream"]
+__all__ = ["Position", "Run", "prefetch", "read_stream"]
 
 Position = tuple[int, int]
 T = TypeVar("T")
 
 # Rows per decoded chunk: big enough to keep Python out of the loop, small enough to start fast.
-_MIN_READ_ROWS = 16_384
+_MIN_READ_ROWS = 65_536
 
 
 def read_stream(
@@ -39,12 +40,20 @@ def read_stream(
     columns: Sequence[str] | None,
     batch_size: int,
     drop_last: bool,
-) -> Iterator[tuple[pa.RecordBatch, Position]]:
-    """Batches of exactly ``batch_size`` rows (the last may be short) from ``start`` on."""
-    chunks = _read_chunks(
-        index, storage, fmt, pieces, start, columns, max(batch_size, _MIN_READ_ROWS)
-    )
-    return _rebatch(chunks, batch_size, drop_last)
+    *,
+    run_sizes: Iterable[int] = itertools.repeat(1),
+    read_ahead: int = 0,
+) -> Iterator[Run]:
+    """Runs of batches of exactly ``batch_size`` rows (the last may be short) from ``start``.
+
+    Run ``i`` holds ``run_sizes[i]`` batches. With ``read_ahead`` > 0 a background thread
+    decodes that many chunks ahead.
+    """
+    read_rows = max(batch_size, _MIN_READ_ROWS)
+    chunks = _read_chunks(index, storage, fmt, pieces, start, columns, read_rows)
+    if read_ahead:
+        chunks = prefetch(chunks, read_ahead)
+    return _runs(chunks, batch_size, drop_last, iter(run_sizes))
 
 
 def _read_chunks(
@@ -106,27 +115,65 @@ class _Mark(NamedTuple):
         return (self.number + 1, 0) if done == self.rows else (self.number, done)
 
 
-def _rebatch(
-    chunks: Iterator[tuple[pa.RecordBatch, _Mark]], batch_size: int, drop_last: bool
-) -> Iterator[tuple[pa.RecordBatch, Position]]:
-    pending: list[pa.RecordBatch] = []
-    have = 0
+@dataclass
+class Run:
+    """Consecutive rows of a stream in ``chunks``, cut into batches of ``lengths`` rows.
+
+    ``positions[i]`` is the stream position after batch ``i``.
+    """
+
+    chunks: list[pa.RecordBatch] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    positions: list[Position] = field(default_factory=list)
+
+    def batch(self) -> pa.RecordBatch:
+        """All rows as one record batch (copies only when they span chunks)."""
+        return self.chunks[0] if len(self.chunks) == 1 else pa.concat_batches(self.chunks)
+
+
+def _runs(
+    chunks: Iterator[tuple[pa.RecordBatch, _Mark]],
+    batch_size: int,
+    drop_last: bool,
+    sizes: Iterator[int],
+) -> Iterator[Run]:
+    """Runs of ``next(sizes)`` batches each; rows are sliced, never copied."""
+    want, run, have = next(sizes), Run(), 0
     mark: _Mark | None = None
     for chunk, mark in chunks:
-        offset = 0
+        offset = taken = 0  # rows of this chunk read / already placed in a run
         while offset < chunk.num_rows:
-            take = min(batch_size - have, chunk.num_rows - offset)
-            pending.append(chunk.slice(offset, take))
-            have, offset = have + take, offset + take
-            if have == batch_size:
-                yield _concat(pending), mark.position(chunk.num_rows - offset)
-                pending, have = [], 0
-    if pending and not drop_last and mark is not None:
-        yield _concat(pending), mark.position()
+            step = min(batch_size - have, chunk.num_rows - offset)
+            have, offset = have + step, offset + step
+            if have < batch_size:
+                continue
+            run.lengths.append(batch_size)
+            run.positions.append(mark.position(chunk.num_rows - offset))
+            have = 0
+            if len(run.lengths) == want:
+                run.chunks.append(chunk.slice(taken, offset - taken))
+                taken = offset
+                yield run
+                want, run = next(sizes), Run()
+        if taken < chunk.num_rows:
+            run.chunks.append(chunk.slice(taken))
+    if have and not drop_last and mark is not None:
+        run.lengths.append(have)
+        run.positions.append(mark.position())
+    elif have:
+        run.chunks = _head(run.chunks, sum(run.lengths))
+    if run.lengths:
+        yield run
 
 
-def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+def _head(chunks: list[pa.RecordBatch], rows: int) -> list[pa.RecordBatch]:
+    kept = []
+    for chunk in chunks:
+        if rows <= 0:
+            break
+        kept.append(chunk.slice(0, rows))
+        rows -= chunk.num_rows
+    return kept
 
 
 _END = object()

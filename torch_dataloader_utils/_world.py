@@ -32,7 +32,7 @@ class World:
 
 
 def detect_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit values, else the initialised process group, else ``RANK``/``WORLD_SIZE``, else 0/1."""
+    """Explicit values, else the process group, else ``RANK``/``WORLD_SIZE``, else 0/1."""
     if rank is not None and world_size is not None:
         return rank, world_size
     if dist.is_available() and dist.is_initialized():

@@ -38,6 +38,9 @@ class FileFormat(ABC):
     """One on-storage format. Sources are pyarrow-readable files (``pa.NativeFile`` or paths)."""
 
     name: ClassVar[str]
+    # True when decoding always produces fresh, writable memory (never the file's own bytes),
+    # so tensors may share it without a copy.
+    decodes_into_new_memory: ClassVar[bool]
 
     @abstractmethod
     def read_metadata(self, source: Any) -> FileMetadata:
