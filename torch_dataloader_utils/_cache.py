@@ -6,8 +6,9 @@ concurrent builders do not block each other for long). ``TDU_INDEX_CACHE=0`` (or
 ``false``, ``no``) disables it.
 
 One row per (storage namespace, path, format). The row is used only when the file's size and
-version tag (ETag / mtime / generation) still equal the stored ones; a changed object misses and
-its row is replaced, other rows stay valid. Files without a version tag are never cached.
+stamp still equal the stored ones: the version tag (ETag / generation / mtime) and, for local
+files, also the change time and inode, which ``utime`` cannot restore. A changed object misses
+and its row is replaced; other rows stay valid. Files without a version tag are never cached.
 
 A row holds what planning needs, compactly: unit rows and bytes, a digest naming the file's
 Arrow schema (stored once per distinct schema) and the serialized footer. Footers are parsed
@@ -106,7 +107,7 @@ class IndexCache:
 
     def get(self, namespace: str, fmt: str, entries: Sequence[Any]) -> list[FileMetadata | None]:
         """Cached metadata of each entry (``FileEntry``), ``None`` where missing or stale."""
-        wanted = {e.path: (e.size, e.version) for e in entries if e.version}
+        wanted = {e.path: (e.size, e.stamp) for e in entries if e.stamp}
         rows: dict[str, tuple[Any, ...]] = {}
         paths = list(wanted)
         for i in range(0, len(paths), _BATCH):
@@ -126,14 +127,14 @@ class IndexCache:
         """Store ``(FileEntry, FileMetadata)`` pairs, replacing older versions of the paths."""
         rows, schemas = [], {}
         for entry, meta in items:
-            if not entry.version:
+            if not entry.stamp:
                 continue
             schema_bytes = meta.schema.serialize().to_pybytes()
             digest = xxhash.xxh64_hexdigest(schema_bytes)
             schemas[digest] = schema_bytes
             footer = b"" if meta.footer is None else pickle.dumps(meta.footer, protocol=5)
             blob = pickle.dumps((digest, meta.unit_rows, meta.unit_bytes, footer), protocol=5)
-            rows.append((namespace, entry.path, fmt, entry.size, entry.version, blob))
+            rows.append((namespace, entry.path, fmt, entry.size, entry.stamp, blob))
         if not rows:
             return
         with self._db:

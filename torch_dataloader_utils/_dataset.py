@@ -15,7 +15,15 @@ from ._config import DEFAULT_SPLIT_BYTES, DatasetConfig
 from ._convert import convert, converted_row_bytes
 from ._formats import get_format
 from ._index import build_index
-from ._plan import Consumed, EpochPlan, epoch_order
+from ._plan import (
+    Consumed,
+    EpochPlan,
+    IntArray,
+    epoch_order,
+    even_row_budgets,
+    remaining_pieces,
+    stream_rows,
+)
 from ._state import (
     Progress,
     Settings,
@@ -110,6 +118,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         transform: Callable[[Any], Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         drop_last: bool = False,
+        even_batches: bool | None = None,
     ) -> None:
         super().__init__()
         self._config = DatasetConfig(
@@ -120,6 +129,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         self._format = get_format(format)
         self._rank, self._world_size = detect_ranks(rank, world_size)
         World(self._rank, self._world_size)  # validates the pair
+        self._even_batches = self._world_size > 1 if even_batches is None else even_batches
         first = path if isinstance(path, str) else next(iter(path), "")
         self._storage = Storage(first, storage_options)
         self._index = build_index(
@@ -149,6 +159,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         transform: Callable[[Any], Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         drop_last: bool = False,
+        even_batches: bool | None = None,
         **dataloader_kwargs: Any,
     ) -> tuple[StructuredDataLoader, StructuredDataset]:
         """``(loader, dataset)``: the loader records what it hands out and resumes exactly."""
@@ -158,7 +169,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             path, format, batch_size=batch_size, columns=columns, shuffle=shuffle,
             shuffle_seed=shuffle_seed, split_bytes=split_bytes, rank=rank, world_size=world_size,
             output=output, transform=transform, storage_options=storage_options,
-            drop_last=drop_last,
+            drop_last=drop_last, even_batches=even_batches,
         )  # fmt: skip
         return StructuredDataLoader(dataset, num_workers=num_workers, **dataloader_kwargs), dataset
 
@@ -254,16 +265,20 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch (with the loader's ``num_workers``)."""
-        start = self._iteration.start
-        plan = self._plan(start)
-        settings = self._settings(self._num_workers or 0)
-        total = 0
-        for worker in range(max(1, settings.num_workers)):
-            pieces = plan.stream(settings.world(worker))
-            rows = int((self._split_rows[pieces.splits] - pieces.starts).sum())
-            div, mod = divmod(rows, self._config.batch_size)
-            total += div + (1 if mod and not self._config.drop_last else 0)
-        return total
+        rows = self._stream_rows(self._plan(self._iteration.start), self._num_workers or 0)
+        batches = -(-rows[self._rank] // self._config.batch_size)
+        if self._config.drop_last:
+            batches = rows[self._rank] // self._config.batch_size
+        return int(batches.sum())
+
+    def _stream_rows(self, plan: EpochPlan, num_workers: int) -> IntArray:
+        """Rows each ``[rank, worker]`` stream delivers this epoch (evened out if asked)."""
+        workers = max(1, num_workers)
+        pieces = remaining_pieces(plan.order, plan.base)
+        rows = stream_rows(pieces, self._split_rows, self._world_size, workers)
+        if not self._even_batches:
+            return rows
+        return even_row_budgets(rows, self._config.batch_size, self._config.drop_last)
 
     def __iter__(self) -> Iterator[Any]:
         worker = detect_worker()
@@ -377,7 +392,14 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             progress.plan.stream(progress.settings.world(worker)),
             progress.positions.get(worker, (0, 0)), config.columns, config.batch_size,
             config.drop_last, run_sizes=sizes, read_ahead=_READ_AHEAD,
+            row_budget=self._row_budget(progress, worker),
         )  # fmt: skip
+
+    def _row_budget(self, progress: Progress, worker: int) -> int | None:
+        if not self._even_batches:
+            return None
+        budgets = self._stream_rows(progress.plan, progress.settings.num_workers)
+        return int(budgets[self._rank, worker])
 
     def _plan(self, start: _Start) -> EpochPlan:
         config = self._config

@@ -88,6 +88,10 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         finally:
             rings.control[0] += 1  # workers still waiting for a slot give up
 
+    def __len__(self) -> int:
+        """Batches this rank yields in the epoch (``DataLoader.__len__`` would count packets)."""
+        return len(self.dataset)
+
     def state_dict(self) -> dict[str, Any]:
         """The dataset's state: what this loader has handed to the training loop."""
         return self.dataset.state_dict()

@@ -27,8 +27,10 @@ __all__ = [
     "Split",
     "cut_splits",
     "epoch_order",
+    "even_row_budgets",
     "remaining_pieces",
     "stream_pieces",
+    "stream_rows",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -145,3 +147,39 @@ class EpochPlan:
 
     def stream(self, world: World) -> Pieces:
         return stream_pieces(remaining_pieces(self.order, self.base), world)
+
+
+def stream_rows(
+    pieces: Pieces, split_rows: IntArray, world_size: int, num_workers: int
+) -> IntArray:
+    """Rows each stream reads, shaped ``[rank, worker]``."""
+    streams = world_size * num_workers
+    rows = split_rows[pieces.splits] - pieces.starts
+    per_stream = np.bincount(np.arange(len(rows)) % streams, weights=rows, minlength=streams)
+    return per_stream.astype(np.int64).reshape(num_workers, world_size).T
+
+
+def even_row_budgets(rows: IntArray, batch_size: int, drop_last: bool) -> IntArray:
+    """Rows each ``[rank, worker]`` stream may deliver so every rank yields as many batches.
+
+    Every rank keeps the first ``B`` batches of its round-robin over workers, ``B`` being the
+    fewest batches any rank has; the rest of the epoch's rows are not delivered.
+    """
+    batches = rows // batch_size if drop_last else -(-rows // batch_size)
+    target = int(batches.sum(axis=1).min())
+    kept = np.stack([_round_robin_take(rank, target) for rank in batches])
+    return np.minimum(rows, kept * batch_size)
+
+
+def _round_robin_take(counts: IntArray, total: int) -> IntArray:
+    """How many of each worker's batches are among the first ``total`` in round-robin order."""
+    low, high = 0, int(counts.max(initial=0))
+    while low < high:  # the most full rounds that fit in ``total``
+        middle = (low + high + 1) // 2
+        low, high = (
+            (middle, high) if np.minimum(counts, middle).sum() <= total else (low, middle - 1)
+        )
+    take = np.minimum(counts, low)
+    rest = total - int(take.sum())
+    take[np.flatnonzero(counts > low)[:rest]] += 1
+    return take

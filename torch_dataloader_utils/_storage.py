@@ -42,11 +42,16 @@ _ENDPOINT_KEYS = ("endpoint_url", "endpoint", "account_name", "project", "host",
 
 @dataclass(frozen=True)
 class FileEntry:
-    """A listed file: its path in the filesystem, size and a version tag (ETag or mtime)."""
+    """A listed file: its path in the filesystem, size and a version tag (ETag or mtime).
+
+    ``stamp`` is what the index cache compares: the version tag, plus for local files the
+    change time and inode, which no ``touch``/``utime`` can set back.
+    """
 
     path: str
     size: int
     version: str
+    stamp: str = ""
 
 
 class Storage:
@@ -239,4 +244,7 @@ def _hidden(relative: str) -> bool:
 
 def _entry(path: str, info: Mapping[str, Any]) -> FileEntry:
     version = next((str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None), "")
-    return FileEntry(path=path, size=int(info.get("size") or 0), version=version)
+    stamp = version
+    if version and "ino" in info and "created" in info:  # local: mtime, ctime, inode
+        stamp = f"{version}|{info['created']}|{info['ino']}"
+    return FileEntry(path=path, size=int(info.get("size") or 0), version=version, stamp=stamp)

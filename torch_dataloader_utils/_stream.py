@@ -43,14 +43,18 @@ def read_stream(
     *,
     run_sizes: Iterable[int] = itertools.repeat(1),
     read_ahead: int = 0,
+    row_budget: int | None = None,
 ) -> Iterator[Run]:
     """Runs of batches of exactly ``batch_size`` rows (the last may be short) from ``start``.
 
     Run ``i`` holds ``run_sizes[i]`` batches. With ``read_ahead`` > 0 a background thread
-    decodes that many chunks ahead.
+    decodes that many chunks ahead. ``row_budget`` caps the rows the whole stream delivers in
+    the epoch, counting those delivered before ``start``.
     """
     read_rows = max(batch_size, _MIN_READ_ROWS)
     chunks = _read_chunks(index, storage, fmt, pieces, start, columns, read_rows)
+    if row_budget is not None:
+        chunks = _within(chunks, row_budget - _rows_before(index, pieces, start))
     if read_ahead:
         chunks = prefetch(chunks, read_ahead)
     return _runs(chunks, batch_size, drop_last, iter(run_sizes))
@@ -92,6 +96,27 @@ def _read_chunks(
                 f"split {index.describe(int(pieces.splits[number]))} yielded "
                 f"{done} of {piece_rows} rows: the file changed while reading"
             )
+
+
+def _rows_before(index: DatasetIndex, pieces: Pieces, start: Position) -> int:
+    count, rows = start
+    lengths = [index.splits[int(s)].row_length for s in pieces.splits[:count]]
+    return sum(lengths) - int(pieces.starts[:count].sum()) + rows
+
+
+def _within(
+    chunks: Iterator[tuple[pa.RecordBatch, _Mark]], budget: int
+) -> Iterator[tuple[pa.RecordBatch, _Mark]]:
+    """The first ``budget`` rows of ``chunks``."""
+    for chunk, mark in chunks:
+        if budget <= 0:
+            return
+        if chunk.num_rows > budget:
+            cut = chunk.num_rows - budget
+            yield chunk.slice(0, budget), _Mark(mark.number, mark.done - cut, mark.rows)
+            return
+        budget -= chunk.num_rows
+        yield chunk, mark
 
 
 def _units_from(unit_rows: Sequence[int], units: range, row: int) -> tuple[range, int]:
