@@ -1,0 +1,405 @@
+"""DDP with the real engine: torchrun + gloo on 127.0.0.1, checkpoint, crash, relaunch, resume.
+
+The jobs (``tests/ddp/ddp_job.py``) run as a user's would: rank and world size come from the
+process group. Each rank reports the row ids of every batch it delivered; the uninterrupted run
+of every rank is computed here in-process with explicit ``rank``/``world_size``.
+
+Launches (module-scoped, shared by the tests): 2 ranks x 2 workers train and are killed;
+relaunch with 2 ranks; relaunch elastically with 3 ranks x 0 workers; 3 ranks train and stop;
+relaunch with 3 ranks; relaunch elastically with 1 rank x 2 workers.
+
+The rest of this file tests ``_distributed`` without torchrun: the ``src_rank=None`` path,
+validation, and the errors outside an initialised process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _harness import make_loader
+from conftest import TOTAL_ROWS
+
+from torch_dataloader_utils import (
+    CheckpointMismatchError,
+    InvalidStateError,
+    StructuredDataLoader,
+    StructuredDataset,
+)
+from torch_dataloader_utils._distributed import gather_states, scatter_states
+
+TESTS = Path(__file__).parent
+JOB_SCRIPT = TESTS / "ddp" / "ddp_job.py"
+LAUNCH_TIMEOUT = 180
+
+Batches = list[list[int]]
+
+
+# ----------------------------------------------------------------------------- launching
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(nproc: int, job: dict[str, Any], workdir: Path) -> tuple[int, str]:
+    """Run ``ddp_job.py`` under torchrun; ``(return code, log)``. The whole tree dies on timeout."""
+    job_file = workdir / f"{job['phase']}-job.json"
+    job_file.write_text(json.dumps({**job, "dir": str(workdir)}))
+    log_file = workdir / f"{job['phase']}.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), str(JOB_SCRIPT.parent), *sys.path]),
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
+        "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "--monitor_interval=0.2",
+        str(JOB_SCRIPT), str(job_file),
+    ]  # fmt: skip
+    with log_file.open("w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            code = proc.wait(timeout=LAUNCH_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise AssertionError(f"torchrun timed out:\n{log_file.read_text()[-4000:]}") from None
+    return code, log_file.read_text()
+
+
+def results(workdir: Path, phase: str, nproc: int) -> list[dict[str, Any]]:
+    return [json.loads((workdir / f"{phase}-rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def launch_ok(nproc: int, job: dict[str, Any], workdir: Path) -> list[dict[str, Any]]:
+    start = time.monotonic()
+    code, log = torchrun(nproc, job, workdir)
+    assert code == 0, f"torchrun {job['phase']} failed ({code}):\n{log[-4000:]}"
+    print(f"torchrun {nproc} x {job['phase']}: {time.monotonic() - start:.1f}s")
+    return results(workdir, job["phase"], nproc)
+
+
+def uninterrupted(case: Mapping[str, Any], rank: int, world_size: int) -> Batches:
+    """Row ids of every batch ``rank`` delivers in the uninterrupted epoch (in-process)."""
+    loader, _ = make_loader({**case, "rank": rank, "world_size": world_size})
+    return [[int(i) for i in b["id"].tolist()] for b in loader]
+
+
+def flat(batches: Batches) -> list[int]:
+    return [i for b in batches for i in b]
+
+
+def assert_every_row_once(*parts: Batches) -> None:
+    counts = Counter(i for part in parts for i in flat(part))
+    twice = sorted(i for i, n in counts.items() if n > 1)
+    missing = sorted(set(range(TOTAL_ROWS)) - set(counts))
+    assert not twice and not missing, f"delivered twice: {twice[:20]}, never: {missing[:20]}"
+    assert len(counts) == TOTAL_ROWS
+
+
+# ----------------------------------------------------------------------------- the jobs
+
+CASE: dict[str, Any] = {"batch_size": 24, "shuffle": True, "shuffle_seed": 5}
+
+
+@pytest.fixture(scope="module")
+def cases(parquet_dir: Path, small_split: int) -> dict[str, dict[str, Any]]:
+    base = {**CASE, "path": str(parquet_dir), "split_bytes": small_split}
+    return {
+        "two": {**base, "num_workers": 2},  # 2 ranks x 2 workers
+        "three": {**base, "num_workers": 0},  # 3 ranks, main process
+        "one": {**base, "num_workers": 2},  # 1 rank x 2 workers
+    }
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, Any]) -> dict[str, Any]:
+    """2 ranks x 2 workers: 3 batches, save, 2 more, SIGKILL; relaunch and resume."""
+    workdir = tmp_path_factory.mktemp("ddp2")
+    job = {"phase": "train", "case": cases["two"], "k": 3, "extra": 2, "kill": True}
+    start = time.monotonic()
+    code, log = torchrun(2, job, workdir)
+    assert code != 0, f"rank 0 was to be killed, but torchrun succeeded:\n{log[-2000:]}"
+    print(f"torchrun 2 x train (killed): {time.monotonic() - start:.1f}s")
+    train = results(workdir, "train", 2)
+    resumed = launch_ok(2, {"phase": "resume", "case": cases["two"]}, workdir)
+    return {"dir": workdir, "train": train, "resume": resumed, "case": cases["two"]}
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, Any]) -> dict[str, Any]:
+    """3 ranks x 0 workers: 4 batches, save, stop; relaunch and resume."""
+    workdir = tmp_path_factory.mktemp("ddp3")
+    train = launch_ok(3, {"phase": "train", "case": cases["three"], "k": 4}, workdir)
+    resumed = launch_ok(3, {"phase": "resume", "case": cases["three"]}, workdir)
+    return {"dir": workdir, "train": train, "resume": resumed, "case": cases["three"]}
+
+
+def _elastic(old: dict[str, Any], case: dict[str, Any], nproc: int, tmp: Path) -> dict[str, Any]:
+    job = {"phase": "elastic", "case": case, "states": str(old["dir"] / "global.pt")}
+    return {"old": old, "elastic": launch_ok(nproc, job, tmp), "case": case}
+
+
+@pytest.fixture(scope="module")
+def two_to_three(
+    tmp_path_factory: pytest.TempPathFactory, two_ranks: dict[str, Any], cases: dict[str, Any]
+) -> dict[str, Any]:
+    return _elastic(two_ranks, cases["three"], 3, tmp_path_factory.mktemp("ddp2to3"))
+
+
+@pytest.fixture(scope="module")
+def three_to_one(
+    tmp_path_factory: pytest.TempPathFactory, three_ranks: dict[str, Any], cases: dict[str, Any]
+) -> dict[str, Any]:
+    return _elastic(three_ranks, cases["one"], 1, tmp_path_factory.mktemp("ddp3to1"))
+
+
+# ----------------------------------------------------------------------------- launched tests
+
+RESTORES = ("plain", "per_rank", "global", "global_src1", "global_all")
+
+
+@pytest.mark.parametrize("job", ["two_ranks", "three_ranks"])
+@pytest.mark.parametrize("how", RESTORES)
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_resume_continues_the_uninterrupted_run(
+    request: pytest.FixtureRequest, job: str, how: str
+) -> None:
+    ran = request.getfixturevalue(job)
+    world_size = len(ran["train"])
+    for rank in range(world_size):
+        full = uninterrupted(ran["case"], rank, world_size)
+        train, resumed = ran["train"][rank], ran["resume"][rank][how]
+        k = len(train["first"])
+        assert train["world"] == [rank, world_size]
+        assert (train["state_rank"], train["state_world_size"]) == (rank, world_size)
+        assert train["first"] == full[:k]
+        assert train["lost"] == full[k : k + len(train["lost"])]
+        assert "error" not in resumed, resumed
+        assert resumed["batches"] == full[k:], f"rank {rank} via {how}"
+        assert train["len"] == resumed["len"] == len(full)  # the epoch's batches on this rank
+    firsts = [r["first"] for r in ran["train"]]
+    rests = [r[how]["batches"] for r in ran["resume"]]
+    assert_every_row_once(*firsts, *rests)
+
+
+@pytest.mark.parametrize("job", ["two_ranks", "three_ranks"])
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_saved_lists_agree(request: pytest.FixtureRequest, job: str) -> None:
+    ran = request.getfixturevalue(job)
+    assert ran["train"][0]["helper_equals_plain"] is True
+    assert [r["helper_is_none"] for r in ran["train"]] == [False] + [True] * (len(ran["train"]) - 1)
+    states = torch.load(ran["dir"] / "global.pt", weights_only=True)
+    assert [s["_rank"] for s in states] == list(range(len(ran["train"])))
+    json.dumps(states)  # one plain, JSON-safe file for the whole job
+
+
+@pytest.mark.parametrize("job", ["two_ranks", "three_ranks"])
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_misuse_raises_on_every_rank(request: pytest.FixtureRequest, job: str) -> None:
+    ran = request.getfixturevalue(job)
+    world_size = len(ran["train"])
+    for rank, resumed in enumerate(ran["resume"]):
+        other = (rank + 1) % world_size
+        wrong = resumed["wrong_rank"]
+        assert wrong["error"] == "CheckpointMismatchError" and wrong["field"] == "rank"
+        assert f"the state of rank {other}" in wrong["message"]
+        assert f"rank={other}" in wrong["message"] and f"rank={rank}" in wrong["message"]
+        flipped = resumed["reversed"]
+        assert flipped["error"] == "CheckpointMismatchError" and flipped["field"] == "rank"
+        last = world_size - 1
+        assert f"not in rank order: states[0] is the state of rank {last}" in flipped["message"]
+        dup = resumed["duplicated"]
+        assert dup["error"] == "CheckpointMismatchError" and dup["field"] == "rank"
+        missing = list(range(1, world_size))
+        assert f"missing {missing}, duplicated [0]" in dup["message"]
+
+
+@pytest.mark.parametrize("job", ["two_to_three", "three_to_one"])
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_elastic_delivers_the_rest_once(request: pytest.FixtureRequest, job: str) -> None:
+    ran = request.getfixturevalue(job)
+    before = [r["first"] for r in ran["old"]["train"]]
+    for how in ("global", "plain"):
+        after = [r[how]["batches"] for r in ran["elastic"]]
+        assert_every_row_once(*before, *after)
+    # Both entry points deal the remainder the same way, and so does an in-process rank.
+    states = torch.load(ran["old"]["dir"] / "global.pt", weights_only=True)
+    world_size = len(ran["elastic"])
+    for rank, result in enumerate(ran["elastic"]):
+        assert result["global"]["batches"] == result["plain"]["batches"]
+        assert result["global"]["len"] == len(result["global"]["batches"])
+        loader, dataset = make_loader({**ran["case"], "rank": rank, "world_size": world_size})
+        dataset.load_state_dict(states, elastic=True)
+        assert [[int(i) for i in b["id"].tolist()] for b in loader] == result["global"]["batches"]
+
+
+@pytest.mark.parametrize("job", ["two_to_three", "three_to_one"])
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_elastic_still_refuses_a_changed_seed(request: pytest.FixtureRequest, job: str) -> None:
+    for result in request.getfixturevalue(job)["elastic"]:
+        error = result["reseeded"]
+        assert error["error"] == "CheckpointMismatchError" and error["field"] == "shuffle_seed"
+        assert "Likely cause: shuffle_seed changed: checkpoint=5, current=6" in error["message"]
+
+
+# ----------------------------------------------------------------------------- without torchrun
+
+
+def _states(parquet_dir: Path, small_split: int, world_size: int) -> list[dict[str, Any]]:
+    """Every rank's state after one batch, from in-process ranks."""
+    out = []
+    for rank in range(world_size):
+        loader, dataset = StructuredDataset.create_dataloader(
+            str(parquet_dir), batch_size=24, split_bytes=small_split, rank=rank,
+            world_size=world_size,
+        )  # fmt: skip
+        it = iter(loader)
+        next(it)
+        out.append(dataset.state_dict())
+        del it
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_states(parquet_dir: Path, small_split: int) -> list[dict[str, Any]]:
+    return _states(parquet_dir, small_split, 2)
+
+
+def test_all_held_returns_own_state(two_states: list[dict[str, Any]]) -> None:
+    for rank in range(2):
+        own = scatter_states(two_states, None, rank, 2, elastic=False)
+        assert own is two_states[rank]
+    assert scatter_states(two_states, None, 0, 3, elastic=True) == two_states
+
+
+@pytest.mark.parametrize(
+    ("pick", "message"),
+    [
+        ([0], "ranks [0] for world_size=2 (missing [1], duplicated [])"),
+        ([0, 0], "ranks [0, 0] for world_size=2 (missing [1], duplicated [0])"),
+        ([1, 0], "not in rank order: states[0] is the state of rank 1"),
+    ],
+)
+def test_all_held_refuses_a_bad_list(
+    two_states: list[dict[str, Any]], pick: list[int], message: str
+) -> None:
+    with pytest.raises(CheckpointMismatchError, match=re.escape(message)) as info:
+        scatter_states([two_states[i] for i in pick], None, 0, 2, elastic=False)
+    assert info.value.field == "rank"
+    assert "Likely cause:" in str(info.value)
+
+
+def test_all_held_refuses_another_world_size(two_states: list[dict[str, Any]]) -> None:
+    with pytest.raises(CheckpointMismatchError, match="pass elastic=True") as info:
+        scatter_states(two_states, None, 0, 3, elastic=False)
+    assert (info.value.field, info.value.expected, info.value.found) == ("world_size", 2, 3)
+    assert "Likely cause: world_size changed: checkpoint=2, current=3" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("states", "error", "message"),
+    [
+        ({"_rank": 0}, TypeError, "takes the list of every rank's state"),
+        ([], InvalidStateError, "no states given"),
+        ([{"_rank": "0", "_world_size": 1}], InvalidStateError, r"states\[0\] has no int key"),
+        ([[1, 2]], InvalidStateError, r"states\[0\] must be a dict, got list"),
+    ],
+)
+def test_all_held_rejects_what_is_no_list_of_states(
+    states: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        scatter_states(states, None, 0, 1, elastic=False)
+
+
+def test_restore_global_without_process_group_needs_src_none(
+    two_states: list[dict[str, Any]], parquet_dir: Path, small_split: int
+) -> None:
+    dataset = StructuredDataset(
+        str(parquet_dir), batch_size=24, split_bytes=small_split, rank=1, world_size=2
+    )
+    with pytest.raises(RuntimeError, match=r"not initialised.*init_process_group"):
+        dataset.restore_state_global(two_states)
+    dataset.restore_state_global(two_states, src_rank=None)  # no collective needed
+    assert dataset.state_dict() == two_states[1]
+
+
+def test_save_global_without_process_group_says_how(two_states: list[dict[str, Any]]) -> None:
+    with pytest.raises(RuntimeError, match=r"save_state_global is a collective .* not initialised"):
+        gather_states(two_states[0], 0)
+
+
+@pytest.fixture
+def solo_group() -> Iterator[None]:
+    """A one-rank gloo process group in this process, on a free 127.0.0.1 port."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", _free_port(), 1, is_master=True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.ddp
+def test_helpers_in_a_one_rank_group(solo_group: None, parquet_dir: Path, small_split: int) -> None:
+    loader, dataset = StructuredDataset.create_dataloader(
+        str(parquet_dir), batch_size=24, split_bytes=small_split
+    )
+    it = iter(loader)
+    first = [next(it) for _ in range(2)]
+    saved = dataset.save_state_global()
+    del it
+    assert saved == [dataset.state_dict()]
+    with pytest.raises(ValueError, match=r"dst_rank must be a rank .* \[0, 1\), got 1"):
+        dataset.save_state_global(dst_rank=1)
+    resumed_loader, resumed = StructuredDataset.create_dataloader(
+        str(parquet_dir), batch_size=24, split_bytes=small_split
+    )
+    resumed.restore_state_global(saved)
+    rest = list(resumed_loader)
+    assert len(first) + len(rest) == len(loader)
+    with pytest.raises(ValueError, match="got states=None on the rank that must hold them"):
+        resumed.restore_state_global(None)
+    with pytest.raises(CheckpointMismatchError, match=r"missing \[\], duplicated \[0\]"):
+        resumed.restore_state_global(saved * 2)  # ranks 0, 0 of world_size 1
+
+
+def test_plain_dataloader_has_no_dist_in_state_dict(parquet_dir: Path, small_split: int) -> None:
+    """Rank-local ``state_dict()`` works without a process group: it never calls ``dist.*``."""
+    loader = StructuredDataLoader(
+        StructuredDataset(str(parquet_dir), split_bytes=small_split, rank=1, world_size=3)
+    )
+    assert loader.state_dict()["_rank"] == 1
