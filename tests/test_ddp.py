@@ -109,12 +109,14 @@ def flat(batches: Batches) -> list[int]:
     return [i for b in batches for i in b]
 
 
-def assert_every_row_once(*parts: Batches) -> None:
+def assert_every_row_once(*parts: Batches, rows: set[int] | None = None) -> None:
+    """Every row of ``rows`` (default: the whole dataset) exactly once, no other row."""
+    rows = set(range(TOTAL_ROWS)) if rows is None else rows
     counts = Counter(i for part in parts for i in flat(part))
     twice = sorted(i for i, n in counts.items() if n > 1)
-    missing = sorted(set(range(TOTAL_ROWS)) - set(counts))
-    assert not twice and not missing, f"delivered twice: {twice[:20]}, never: {missing[:20]}"
-    assert len(counts) == TOTAL_ROWS
+    missing = sorted(rows - set(counts))
+    extra = sorted(set(counts) - rows)
+    assert not (twice or missing or extra), f"twice: {twice[:20]}, never: {missing[:20]}"
 
 
 # ----------------------------------------------------------------------------- the jobs
@@ -126,8 +128,11 @@ CASE: dict[str, Any] = {"batch_size": 24, "shuffle": True, "shuffle_seed": 5}
 def cases(parquet_dir: Path, small_split: int) -> dict[str, dict[str, Any]]:
     base = {**CASE, "path": str(parquet_dir), "split_bytes": small_split}
     return {
-        "two": {**base, "num_workers": 2},  # 2 ranks x 2 workers
-        "three": {**base, "num_workers": 0},  # 3 ranks, main process
+        # 2 ranks x 2 workers, every row of the epoch (ranks may yield unequal batch counts)
+        "two": {**base, "num_workers": 2, "even_batches": False},
+        # 3 ranks in the main process, the DDP default: every rank yields as many batches
+        "three": {**base, "num_workers": 0},
+        "three_all": {**base, "num_workers": 0, "even_batches": False},
         "one": {**base, "num_workers": 2},  # 1 rank x 2 workers
     }
 
@@ -164,7 +169,7 @@ def _elastic(old: dict[str, Any], case: dict[str, Any], nproc: int, tmp: Path) -
 def two_to_three(
     tmp_path_factory: pytest.TempPathFactory, two_ranks: dict[str, Any], cases: dict[str, Any]
 ) -> dict[str, Any]:
-    return _elastic(two_ranks, cases["three"], 3, tmp_path_factory.mktemp("ddp2to3"))
+    return _elastic(two_ranks, cases["three_all"], 3, tmp_path_factory.mktemp("ddp2to3"))
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +194,8 @@ def test_resume_continues_the_uninterrupted_run(
 ) -> None:
     ran = request.getfixturevalue(job)
     world_size = len(ran["train"])
-    for rank in range(world_size):
-        full = uninterrupted(ran["case"], rank, world_size)
+    fulls = [uninterrupted(ran["case"], rank, world_size) for rank in range(world_size)]
+    for rank, full in enumerate(fulls):
         train, resumed = ran["train"][rank], ran["resume"][rank][how]
         k = len(train["first"])
         assert train["world"] == [rank, world_size]
@@ -202,7 +207,12 @@ def test_resume_continues_the_uninterrupted_run(
         assert train["len"] == resumed["len"] == len(full)  # the epoch's batches on this rank
     firsts = [r["first"] for r in ran["train"]]
     rests = [r[how]["batches"] for r in ran["resume"]]
-    assert_every_row_once(*firsts, *rests)
+    assert_every_row_once(*firsts, *rests, rows=set(flat([b for f in fulls for b in f])))
+    if ran["case"].get("even_batches", True):  # the default under DDP
+        assert len({len(full) for full in fulls}) == 1, [len(full) for full in fulls]
+    else:
+        assert_every_row_once(*fulls)
+        assert len({len(full) for full in fulls}) > 1, "want a case with unequal shares"
 
 
 @pytest.mark.parametrize("job", ["two_ranks", "three_ranks"])

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:User
 def case(parquet_dir: Path, small_split: int) -> dict[str, Any]:
     return {
         "path": str(parquet_dir), "batch_size": 24, "shuffle": True, "shuffle_seed": 11,
-        "split_bytes": small_split,
+        "split_bytes": small_split, "even_batches": False,
     }  # fmt: skip
 
 
@@ -113,6 +113,16 @@ def test_elastic_twice_delivers_every_row_once(
     middle, middle_states = job(case, new, [cut] * new, states)
     after, _ = job(case, again, [None] * again, middle_states)
     assert_every_row_once(*before, *middle, *after)
+
+
+def test_elastic_with_even_batches_gives_ranks_equal_counts(case: dict[str, Any]) -> None:
+    """The DDP default: the re-dealt remainder is evened out again; no row twice."""
+    evened = {**case, "even_batches": True}
+    before, states = job(evened, 2, [3, 5])
+    after, _ = job(evened, 3, [None] * 3, states)
+    assert len({len(batches) for batches in after}) == 1, [len(b) for b in after]
+    delivered = Counter(i for part in (*before, *after) for batch in part for i in batch)
+    assert max(delivered.values()) == 1
 
 
 def test_elastic_order_is_deterministic(case: dict[str, Any]) -> None:
