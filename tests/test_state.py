@@ -143,7 +143,7 @@ def test_state_size_100k_splits_half_delivered_8_workers():
     assert np.array_equal(done.done, delivered.done)
     assert done.partial == delivered.partial
     assert not base.done.any()
-    assert positions_of(progress.plan, done, settings, range(8)) == progress.positions
+    assert positions_of(progress.plan, done, settings, range(8), index) == progress.positions
 
 
 @pytest.mark.parametrize("workers", [0, 1, 3])
@@ -156,7 +156,7 @@ def test_encode_decode_round_trip(workers: int, shuffle: bool):
     assert state["epoch"] == 2 and state["cursor"] == 3 and state["_num_workers"] == workers
     done, _ = decode_consumed(state, index, settings)
     assert np.array_equal(done.done, delivered.done) and done.partial == delivered.partial
-    assert positions_of(progress.plan, done, settings, range(max(1, workers))) == (
+    assert positions_of(progress.plan, done, settings, range(max(1, workers)), index) == (
         progress.positions
     )
 

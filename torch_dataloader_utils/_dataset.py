@@ -324,7 +324,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             )
         settings = self._settings(num_workers)
         plan = self._plan(start)
-        positions = positions_of(plan, start.delivered, settings, range(max(1, num_workers)))
+        positions = positions_of(
+            plan, start.delivered, settings, range(max(1, num_workers)), self._index
+        )
         return Progress(plan, settings, positions, start.cursor)
 
     def _deliver(self, worker: int, progress: Progress) -> Iterator[Any]:

@@ -141,28 +141,32 @@ def decode_consumed(
 
 
 def positions_of(
-    plan: EpochPlan, delivered: Consumed, settings: Settings, workers: Iterable[int]
+    plan: EpochPlan,
+    delivered: Consumed,
+    settings: Settings,
+    workers: Iterable[int],
+    index: DatasetIndex,
 ) -> dict[int, tuple[int, int]]:
     """Each worker's position in its own stream; mismatch if ``delivered`` is no prefix of it."""
     positions: dict[int, tuple[int, int]] = {}
     placed: set[int] = set()
     for worker in workers:
         pieces = plan.stream(settings.world(worker))
-        count = int(np.argmin(delivered.done[pieces.splits])) if len(pieces) else 0
-        if len(pieces) and delivered.done[pieces.splits].all():
-            count = len(pieces)
-        if delivered.done[pieces.splits[count:]].any():
-            late = int(pieces.splits[count:][delivered.done[pieces.splits[count:]]][0])
-            raise _misplaced(late, None, settings, worker)
+        done = delivered.done[pieces.splits]
+        count = len(done) if done.all() else int(np.argmin(done))
+        if done[count:].any():
+            late = int(pieces.splits[count + int(np.argmax(done[count:]))])
+            raise _misplaced(index.describe(late) + " (full)", settings, worker)
         rows = 0
         if count < len(pieces) and int(pieces.splits[count]) in delivered.partial:
             split = int(pieces.splits[count])
             rows = delivered.partial[split] - int(pieces.starts[count])
             placed.add(split)
         positions[worker] = (count, rows)
-    stray = set(delivered.partial) - placed - set(plan.base.partial)
+    stray = sorted(set(delivered.partial) - placed - set(plan.base.partial))
     if stray:
-        raise _misplaced(min(stray), delivered.partial[min(stray)], settings, None)
+        rows = delivered.partial[stray[0]]
+        raise _misplaced(f"{index.describe(stray[0])} ({rows} rows delivered)", settings, None)
     return positions
 
 
@@ -300,21 +304,16 @@ def _consumed(bits: str, partial: Sequence[Any], index: DatasetIndex, key: str) 
     return Consumed(done, rows)
 
 
-def _misplaced(
-    split: int, rows: int | None, settings: Settings, worker: int | None
-) -> CheckpointMismatchError:
+def _misplaced(split: str, settings: Settings, worker: int | None) -> CheckpointMismatchError:
     where = "any worker" if worker is None else f"worker {worker}"
     return CheckpointMismatchError(
-        f"checkpoint split #{split} ({'full' if rows is None else f'{rows} rows delivered'}) "
-        f"is out of order for {where} of rank {settings.rank} under the current plan "
-        f"(world_size={settings.world_size}, num_workers={settings.num_workers})."
-        f"\nLikely cause: the state was edited or saved by a differently configured loader: "
-        f"checkpoint=inconsistent with plan, current=rank {settings.rank}",
-        split=f"#{split}",
-        field="plan",
-        expected="prefix of each worker's splits",
-        found=where,
-    )
+        f"checkpoint split {split} is out of order for {where} of rank {settings.rank}: "
+        f"compared against the current plan (world_size={settings.world_size}, "
+        f"num_workers={settings.num_workers}), delivered splits are not a prefix of that "
+        f"worker's splits.\nLikely cause: the state was edited, or saved by another worker "
+        f"or loader: checkpoint=out-of-order progress, current={where} of rank {settings.rank}",
+        split=split, field="plan", expected="a prefix of each worker's splits", found=where,
+    )  # fmt: skip
 
 
 def _partial_rows(partial: Mapping[int, int], index: DatasetIndex) -> list[list[Any]]:
