@@ -1,0 +1,166 @@
+"""S3 throughput on a moto server on loopback: our loader vs raw s3fs sequential reads.
+
+The server runs in its own process (so it does not share the benchmark's GIL), on 127.0.0.1 at
+a free port, with fake credentials. Both sides read the same objects:
+
+- raw: ``fs.cat_file(path)`` of every object, one after the other (the bytes only, no decoding);
+- ours: one epoch of ``StructuredDataset.create_dataloader`` over ``s3://`` (ranged, coalesced
+  reads with read-ahead, Parquet decoding and conversion to torch tensors included).
+
+Prints rows/s and MB/s of both and the ratio ours/raw (spec target: >= 0.8). ``--plot out.png``
+writes a bar chart.
+
+    python benchmarks/bench_s3.py [--files 8] [--mb 16] [--num-workers 0] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+KEY, SECRET = "AKIAFAKEBENCHKEY0000", "fake-bench-secret-0000000000000000000000"
+BUCKET = "tdu-bench"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server() -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    code = (
+        "import logging, sys; logging.getLogger('werkzeug').setLevel(logging.ERROR);"
+        "from moto.server import ThreadedMotoServer;"
+        f"s = ThreadedMotoServer('127.0.0.1', {port}, verbose=False); s.start();"
+        "sys.stdin.read()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    endpoint = f"http://127.0.0.1:{port}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for _ in range(200):
+        try:
+            opener.open(f"{endpoint}/moto-api/data.json", timeout=1).close()
+            return proc, endpoint
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("moto server did not start")
+
+
+def make_table(rows: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    cols: dict[str, Any] = {"id": np.arange(rows, dtype=np.int64) + seed * rows}
+    for i in range(7):
+        cols[f"f{i}"] = rng.random(rows)
+    return pa.table(cols)
+
+
+def upload(fs: Any, files: int, mb: float, row_group_rows: int) -> list[str]:
+    rows = int(mb * 2**20 / 64)  # 8 columns of 8 bytes, random floats barely compress
+    paths = []
+    for i in range(files):
+        buffer = io.BytesIO()
+        pq.write_table(make_table(rows, i), buffer, row_group_size=row_group_rows)
+        path = f"{BUCKET}/data/part-{i:04d}.parquet"
+        fs.pipe_file(path, buffer.getvalue())
+        paths.append(path)
+    return paths
+
+
+def raw_read(fs: Any, paths: list[str]) -> tuple[float, int]:
+    start = time.perf_counter()
+    total = sum(len(fs.cat_file(p)) for p in paths)
+    return time.perf_counter() - start, total
+
+
+def ours_read(options: dict[str, Any], num_workers: int, batch_size: int) -> tuple[float, int]:
+    from torch_dataloader_utils import StructuredDataset
+
+    loader, _ = StructuredDataset.create_dataloader(
+        f"s3://{BUCKET}/data/",
+        batch_size=batch_size,
+        num_workers=num_workers,
+        storage_options=options,
+    )
+    start = time.perf_counter()
+    rows = sum(len(batch["id"]) for batch in loader)
+    return time.perf_counter() - start, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--mb", type=float, default=16.0, help="size of each object in MiB")
+    parser.add_argument("--row-group-rows", type=int, default=65_536)
+    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=8192)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--plot", help="write a PNG bar chart here")
+    args = parser.parse_args()
+
+    os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET,
+                      AWS_EC2_METADATA_DISABLED="true", NO_PROXY="127.0.0.1")  # fmt: skip
+    os.environ.setdefault("TDU_CACHE_DIR", tempfile.mkdtemp(prefix="tdu-bench-cache-"))
+    proc, endpoint = start_server()
+    try:
+        import s3fs
+
+        options = {"key": KEY, "secret": SECRET, "endpoint_url": endpoint}
+        fs = s3fs.S3FileSystem(**options)
+        fs.mkdir(BUCKET)
+        paths = upload(fs, args.files, args.mb, args.row_group_rows)
+        total_bytes = sum(fs.size(p) for p in paths)
+        rows_total = sum(pq.ParquetFile(fs.open(p)).metadata.num_rows for p in paths)
+        ours_read(options, args.num_workers, args.batch_size)  # warm: index, connections
+        raw_read(fs, paths)
+        raw_times, our_times = [], []
+        for _ in range(args.repeat):
+            raw_times.append(raw_read(fs, paths)[0])
+            seconds, rows = ours_read(options, args.num_workers, args.batch_size)
+            assert rows == rows_total, (rows, rows_total)
+            our_times.append(seconds)
+    finally:
+        proc.stdin.close()  # type: ignore[union-attr]
+        proc.wait(10)
+    raw, ours = min(raw_times), min(our_times)
+    mb = total_bytes / 2**20
+    print(f"objects: {args.files} x {args.mb:g} MiB parquet ({mb:.1f} MiB, {rows_total} rows), "
+          f"num_workers={args.num_workers}, best of {args.repeat}")  # fmt: skip
+    print(f"raw s3fs cat_file : {mb / raw:8.1f} MiB/s  {rows_total / raw:12,.0f} rows/s")
+    print(f"torch_dataloader  : {mb / ours:8.1f} MiB/s  {rows_total / ours:12,.0f} rows/s")
+    print(f"ratio ours/raw    : {raw / ours:.2f}  (target >= 0.8)")
+    if args.plot:
+        plot(args.plot, mb / raw, mb / ours)
+
+
+def plot(path: str, raw: float, ours: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.bar(["raw s3fs cat_file", "torch_dataloader_utils"], [raw, ours], color=["grey", "C0"])
+    ax.set_ylabel("MiB/s (moto on loopback)")
+    ax.set_title(f"S3 throughput, ratio {ours / raw:.2f}")
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"plot written to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The local index cache: a second build reads no footers, a changed file invalidates its entry."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import _harness
+import pytest
+import torch.utils.data
+from _data import rows_table, write_dataset, write_parquet
+
+from torch_dataloader_utils import StructuredDataset, _index
+from torch_dataloader_utils._cache import CachedMetadata, cache_dir
+
+ROWS = (40, 30, 50, 20)
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "cache"
+    monkeypatch.setenv("TDU_CACHE_DIR", str(directory))
+    monkeypatch.delenv("TDU_INDEX_CACHE", raising=False)
+    return directory
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Paths whose footers are read from storage (not the cache), in order."""
+    seen: list[str] = []
+    original = _index._read_metadata
+
+    def counting(storage, fmt, entry):  # type: ignore[no-untyped-def]
+        seen.append(Path(entry.path).name)
+        return original(storage, fmt, entry)
+
+    monkeypatch.setattr(_index, "_read_metadata", counting)
+    return seen
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    write_dataset(tmp_path / "data", ROWS, row_group_size=8)
+    return tmp_path / "data"
+
+
+def test_location_defaults_and_can_be_disabled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.delenv("TDU_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert cache_dir() == Path.home() / ".cache" / "torch_dataloader_utils"
+    monkeypatch.setenv("TDU_CACHE_DIR", str(tmp_path / "c"))
+    assert cache_dir() == tmp_path / "c"
+    for off in ("0", "off", "false", "no"):
+        monkeypatch.setenv("TDU_INDEX_CACHE", off)
+        assert cache_dir() is None
+
+
+def test_second_build_reads_no_footers(cache: Path, data: Path, reads: list[str]):
+    first = StructuredDataset(str(data), batch_size=16)
+    assert sorted(reads) == [f"part-0000{i}.parquet" for i in range(len(ROWS))]
+    reads.clear()
+    second = StructuredDataset(str(data), batch_size=16)
+    assert reads == []
+    assert second._index.digest == first._index.digest
+    assert [s for s in second._index.splits] == [s for s in first._index.splits]
+    assert second._index.schema.equals(first._index.schema)
+    assert isinstance(second._index.files[0].metadata, CachedMetadata)
+    assert sorted(int(i) for b in second for i in b["id"]) == list(range(sum(ROWS)))
+
+
+def test_changed_file_invalidates_only_its_entry(cache: Path, data: Path, reads: list[str]):
+    before = StructuredDataset(str(data))
+    path = data / "part-00002.parquet"
+    stat = path.stat()
+    # Same rows and size, another row-group layout, the old mtime put back: still a miss.
+    write_parquet(path, rows_table(70, ROWS[2]), 10)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    reads.clear()
+    after = StructuredDataset(str(data))
+    assert reads == ["part-00002.parquet"]
+    assert after._index.files[2].fingerprint != before._index.files[2].fingerprint
+    assert [f.fingerprint for i, f in enumerate(after._index.files) if i != 2] == [
+        f.fingerprint for i, f in enumerate(before._index.files) if i != 2
+    ]
+    reads.clear()
+    StructuredDataset(str(data))
+    assert reads == []
+
+
+def test_disabled_cache_reads_every_footer(
+    cache: Path, data: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("TDU_INDEX_CACHE", "0")
+    StructuredDataset(str(data))
+    StructuredDataset(str(data))
+    assert len(reads) == 2 * len(ROWS)
+    assert not cache.exists()
+
+
+def test_unusable_cache_warns_once_and_builds(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from torch_dataloader_utils import _cache
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("TDU_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(_cache, "_warned", type(_cache._warned)())
+    with pytest.warns(RuntimeWarning, match="index cache .* unusable"):
+        dataset = StructuredDataset(str(data))
+    assert len(list(dataset)) > 0
+
+
+def test_cached_footers_pickle_unparsed_and_feed_workers(cache: Path, data: Path):
+    StructuredDataset(str(data))
+    dataset = StructuredDataset(str(data), batch_size=16, split_bytes=1)
+    meta = dataset._index.files[0].metadata
+    assert "_footer" not in meta.__dict__  # never parsed in the main process
+    copy = pickle.loads(pickle.dumps(meta))
+    assert copy.footer.num_row_groups == len(meta.unit_rows)
+    assert copy == meta
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+    assert sorted(int(i) for b in loader for i in b["id"]) == list(range(sum(ROWS)))
+
+
+def test_resume_is_exact_over_a_warm_cache(cache: Path, data: Path):
+    case = {"path": str(data), "batch_size": 9, "split_bytes": 1, "shuffle": True}
+    _harness.assert_resume_exact(case, 4)
+    assert (cache / "index-v1.sqlite").exists()
