@@ -72,11 +72,12 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         }
         sending = set(waiting)  # workers whose last packet has not arrived
         worker = progress.cursor
+        pin = self.pin_memory and torch.accelerator.is_available()
         try:
             while sending or any(waiting.values()):
                 while not waiting[worker] and worker in sending:
                     packet = next(packets)
-                    waiting[packet.worker].extend(packet.unpack(rings))
+                    waiting[packet.worker].extend(packet.unpack(rings, pin=pin))
                     if packet.last:
                         sending.discard(packet.worker)
                 if waiting[worker]:

@@ -99,14 +99,14 @@ class Packet:
     lengths: list[int] | list[dict[str, int]] | None
     last: bool
 
-    def unpack(self, rings: Rings) -> list[tuple[Any, Position]]:
-        """The batches, copied out of the ring, whose slot is then released."""
+    def unpack(self, rings: Rings, *, pin: bool = False) -> list[tuple[Any, Position]]:
+        """The batches, copied out of the ring (into pinned memory if ``pin``), slot released."""
         try:
-            return list(zip(self._batches(rings), self.positions, strict=True))
+            return list(zip(self._batches(rings, pin), self.positions, strict=True))
         finally:
             rings.release(self.worker)
 
-    def _batches(self, rings: Rings) -> Iterator[Any]:
+    def _batches(self, rings: Rings, pin: bool) -> Iterator[Any]:
         if self.lengths is None:
             yield from self.payload
         elif isinstance(self.payload, pa.RecordBatch):
@@ -116,7 +116,7 @@ class Packet:
                 offset += length  # type: ignore[operator]
         else:
             columns = {
-                key: _cut(value, self._lengths_of(key), rings, self.worker)
+                key: _cut(value, self._lengths_of(key), rings, self.worker, pin)
                 for key, value in self.payload.items()
             }
             for i in range(len(self.positions)):
@@ -205,14 +205,16 @@ class _Parts:
     values: list[Any]
 
 
-def _cut(value: Any, lengths: list[int], rings: Rings, worker: int) -> list[Any]:
+def _cut(value: Any, lengths: list[int], rings: Rings, worker: int, pin: bool) -> list[Any]:
     if isinstance(value, _Parts):
         return value.values
     if isinstance(value, _Slab):
         parts = torch.split(rings.view(worker, value), lengths)
-        return [p.numpy().copy() if value.numpy else p.clone() for p in parts]
+        if value.numpy:
+            return [p.numpy().copy() for p in parts]
+        return [p.pin_memory() if pin else p.clone() for p in parts]
     if isinstance(value, torch.Tensor):
-        return list(torch.split(value, lengths))
+        return [p.pin_memory() if pin else p for p in torch.split(value, lengths)]
     bounds = np.cumsum([0, *lengths])
     return [value[a:b] for a, b in itertools.pairwise(bounds)]
 
