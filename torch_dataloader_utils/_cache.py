@@ -39,7 +39,6 @@ __all__ = ["CachedMetadata", "IndexCache", "cache_dir", "open_cache"]
 
 _FILENAME = "index-v1.sqlite"
 _OFF = frozenset({"0", "off", "false", "no", "disable", "disabled"})
-_BATCH = 500  # SQLite's default limit on host parameters is 999
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     namespace TEXT NOT NULL, path TEXT NOT NULL, format TEXT NOT NULL,
@@ -109,17 +108,17 @@ class IndexCache:
         """Cached metadata of each entry (``FileEntry``), ``None`` where missing or stale."""
         wanted = {e.path: (e.size, e.stamp) for e in entries if e.stamp}
         rows: dict[str, tuple[Any, ...]] = {}
-        paths = list(wanted)
-        for i in range(0, len(paths), _BATCH):
-            chunk = paths[i : i + _BATCH]
-            marks = ",".join("?" * len(chunk))
-            query = (
-                "SELECT path, size, version, entry FROM files "
-                f"WHERE namespace = ? AND format = ? AND path IN ({marks})"
-            )
-            for path, size, version, blob in self._db.execute(query, [namespace, fmt, *chunk]):
-                if (size, version) == wanted[path]:
-                    rows[path] = pickle.loads(blob)
+        if not wanted:
+            return [None] * len(entries)
+        # One range scan of the primary key over the listed paths (they share a prefix).
+        query = (
+            "SELECT path, size, version, entry FROM files "
+            "WHERE namespace = ? AND path >= ? AND path <= ? AND format = ?"
+        )
+        bounds = [namespace, min(wanted), max(wanted), fmt]
+        for path, size, version, blob in self._db.execute(query, bounds):
+            if wanted.get(path) == (size, version):
+                rows[path] = pickle.loads(blob)
         self._load_schemas({row[0] for row in rows.values()})
         return [self._metadata(rows[e.path]) if e.path in rows else None for e in entries]
 

@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = ["StructuredDataset"]
 
-# Decoded chunks a stream reads ahead, in a thread, of the batch being converted.
+# Decoded chunks a main-process stream reads ahead, in a thread, of the batch being converted.
+# Worker streams do not: the DataLoader already overlaps them with the main process.
 _READ_AHEAD = 2
 # A worker's packets grow 1, 2, 4, ... batches (a fast first batch) up to this many.
 _MAX_PACKET_BATCHES = 64
@@ -393,7 +394,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             self._index, self._storage, self._format,
             progress.plan.stream(progress.settings.world(worker)),
             progress.positions.get(worker, (0, 0)), config.columns, config.batch_size,
-            config.drop_last, run_sizes=sizes, read_ahead=_READ_AHEAD,
+            config.drop_last, run_sizes=sizes, read_ahead=_READ_AHEAD if detect_worker() is None else 0,
             row_budget=self._row_budget(progress, worker),
         )  # fmt: skip
 

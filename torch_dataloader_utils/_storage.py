@@ -200,9 +200,17 @@ class Storage:
             found = self.fs.glob(root, detail=True)
             infos = {p: i for p, i in found.items() if i.get("type") != "directory"}
             infos = {p: i for p, i in infos.items() if not _hidden(posixpath.basename(p))}
+        elif self.is_local and os.path.isdir(root):
+            entries = _walk_local(root)
+            if not entries:
+                raise FileNotFoundError(
+                    f"no data files under {item} (names starting with '.' or '_' are ignored)"
+                )
+            return entries
         elif self.fs.isdir(root):
             found = self.fs.find(root, detail=True)
-            infos = {p: i for p, i in found.items() if not _hidden(posixpath.relpath(p, root))}
+            prefix = len(root.rstrip("/")) + 1
+            infos = {p: i for p, i in found.items() if not _hidden(p[prefix:])}
         elif self.fs.isfile(root):
             infos = {root: self.fs.info(root)}
         else:
@@ -236,6 +244,32 @@ def _namespace(fs: Any, options: Mapping[str, Any]) -> str:
     nested = {**options.get("client_kwargs", {}), **options}
     parts += [f"{k}={nested[k]}" for k in _ENDPOINT_KEYS if nested.get(k) is not None]
     return " ".join(parts)
+
+
+def _walk_local(root: str) -> list[FileEntry]:
+    """Files below local directory ``root``, sorted, hidden names pruned; one stat per file.
+
+    The same paths and version tags as fsspec's ``find`` + ``info`` (``mtime`` as a float),
+    several times faster on directories of many thousands of files.
+    """
+    entries: list[FileEntry] = []
+    pending = [root.rstrip("/") or "/"]
+    while pending:
+        directory = pending.pop()
+        with os.scandir(directory) as listing:
+            for item in listing:
+                if item.name.startswith((".", "_")):
+                    continue
+                path = f"{directory.rstrip('/')}/{item.name}"
+                if item.is_dir():
+                    pending.append(path)
+                    continue
+                st = item.stat()
+                mtime = str(st.st_mtime)
+                stamp = f"{mtime}|{st.st_ctime}|{st.st_ino}"
+                entries.append(FileEntry(path, int(st.st_size), mtime, stamp))
+    entries.sort(key=lambda e: e.path)
+    return entries
 
 
 def _hidden(relative: str) -> bool:
