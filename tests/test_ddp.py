@@ -405,6 +405,23 @@ def test_helpers_in_a_one_rank_group(solo_group: None, parquet_dir: Path, small_
         resumed.restore_state_global(None)
     with pytest.raises(CheckpointMismatchError, match=r"missing \[\], duplicated \[0\]"):
         resumed.restore_state_global(saved * 2)  # ranks 0, 0 of world_size 1
+    with pytest.raises(ValueError, match="got states=None on the rank that must hold them"):
+        resumed.restore_state_global(None, elastic=True)
+
+
+@pytest.mark.ddp
+def test_helpers_refuse_a_dataset_world_other_than_the_group(
+    solo_group: None, parquet_dir: Path, small_split: int
+) -> None:
+    """With model parallelism the data-parallel world is not the default group: say so."""
+    dataset = StructuredDataset(
+        str(parquet_dir), batch_size=24, split_bytes=small_split, rank=0, world_size=2
+    )
+    with pytest.raises(ValueError, match=r"default process group of 1 ranks.*world_size=2"):
+        dataset.save_state_global()
+    states = _states(parquet_dir, small_split, 2)
+    with pytest.raises(ValueError, match=r"default process group of 1 ranks.*world_size=2"):
+        dataset.restore_state_global(states)
 
 
 def test_plain_dataloader_has_no_dist_in_state_dict(parquet_dir: Path, small_split: int) -> None:
