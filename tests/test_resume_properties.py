@@ -1,0 +1,178 @@
+"""Exact resume: checkpoint after batch k -> new loader (or process) -> batches k+1.. exactly."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import _harness
+from _data import write_dataset
+from conftest import TOTAL_ROWS
+
+
+def _case(parquet_dir: Path, split: int, **kwargs):
+    return {"path": str(parquet_dir), "batch_size": 10, "split_bytes": split, **kwargs}
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_resume_at_start_middle_and_end(parquet_dir, small_split, num_workers, shuffle):
+    case = _case(parquet_dir, small_split, num_workers=num_workers, shuffle=shuffle,
+                 shuffle_seed=3)  # fmt: skip
+    full = _harness.run_epoch(case)
+    assert sorted(_harness.ids(full)) == list(range(TOTAL_ROWS))
+    for k in (0, 1, len(full) // 2 + 1, len(full) - 1, len(full)):
+        _harness.assert_resume_exact(case, k, full=full)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_checkpoint_at_the_end_resumes_empty_then_next_epoch(parquet_dir, small_split, num_workers):
+    case = _case(parquet_dir, small_split, num_workers=num_workers, shuffle=True)
+    full = _harness.run_epoch(case, 0)
+    state, _ = _harness.checkpoint_after(case, len(full))
+    assert state["epoch"] == 0
+    loader, dataset = _harness.make_loader(case)
+    loader.load_state_dict(state)
+    assert _harness.take(loader) == []
+    dataset.set_epoch(1)
+    assert _harness.take(loader) == _harness.run_epoch(case, 1)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_in_epoch_two(parquet_dir, small_split, num_workers):
+    case = _case(parquet_dir, small_split, num_workers=num_workers, shuffle=True)
+    full = _harness.run_epoch(case, 2)
+    assert full != _harness.run_epoch(case, 0)
+    state = _harness.assert_resume_exact(case, 17, epoch=2, full=full)
+    assert state["epoch"] == 2
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_resume_from_a_resume(parquet_dir, small_split, num_workers):
+    case = _case(parquet_dir, small_split, num_workers=num_workers, shuffle=True)
+    full = _harness.run_epoch(case)
+    first, got1 = _harness.checkpoint_after(case, 9)
+    second, got2 = _harness.checkpoint_after(case, 13, state=first)
+    assert got1 + got2 == full[:22]
+    third, got3 = _harness.checkpoint_after(case, 0, state=second)
+    assert got3 == [] and third == second
+    assert _harness.resume(case, second) == full[22:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_in_a_new_process(parquet_dir, small_split, num_workers, tmp_path):
+    case = _case(parquet_dir, small_split, num_workers=num_workers, shuffle=True)
+    full = _harness.run_epoch(case)
+    state, _ = _harness.checkpoint_after(case, 23)
+    assert _harness.resume_in_subprocess(case, state, tmp_path) == full[23:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_filtering_transform_resumes_exactly(parquet_dir, small_split, num_workers, tmp_path):
+    case = _case(parquet_dir, small_split, num_workers=num_workers, shuffle=True,
+                 transform="keep_even")  # fmt: skip
+    full = _harness.run_epoch(case)
+    assert sorted(_harness.ids(full)) == list(range(0, TOTAL_ROWS, 2))
+    assert any(len(b["id"][1]) < 10 for b in full[:-2])  # the filter really shrank batches
+    for k in (3, len(full) // 2):
+        _harness.assert_resume_exact(case, k, full=full)
+    state, _ = _harness.checkpoint_after(case, 8)
+    assert _harness.resume_in_subprocess(case, state, tmp_path) == full[8:]
+
+
+@pytest.mark.parametrize("output", ["numpy", "arrow"])
+def test_resume_other_outputs(parquet_dir, small_split, output):
+    case = _case(parquet_dir, small_split, num_workers=2, shuffle=True, output=output)
+    _harness.assert_resume_exact(case, 12)
+
+
+def test_resume_with_drop_last_and_projection(parquet_dir, small_split):
+    case = _case(parquet_dir, small_split, num_workers=2, shuffle=True, drop_last=True,
+                 batch_size=7, columns=["id", "name"])  # fmt: skip
+    full = _harness.run_epoch(case)
+    assert all(list(b) == ["id", "name"] for b in full)
+    _harness.assert_resume_exact(case, 20, full=full)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_per_rank(parquet_dir, small_split, num_workers):
+    seen: list[int] = []
+    for rank in range(2):
+        # even_batches=False: every row of the epoch, ranks of different lengths.
+        case = _case(parquet_dir, small_split, num_workers=num_workers, shuffle=True, rank=rank,
+                     world_size=2, even_batches=False)  # fmt: skip
+        full = _harness.run_epoch(case)
+        state = _harness.assert_resume_exact(case, len(full) // 3, full=full)
+        assert (state["_rank"], state["_world_size"]) == (rank, 2)
+        seen += _harness.ids(full)
+    assert sorted(seen) == list(range(TOTAL_ROWS))  # ranks are disjoint and complete
+
+
+def test_resume_per_rank_with_even_batches(parquet_dir, small_split):
+    lengths = []
+    for rank in range(2):
+        case = _case(parquet_dir, small_split, num_workers=2, shuffle=True, rank=rank,
+                     world_size=2)  # fmt: skip
+        full = _harness.run_epoch(case)
+        lengths.append(len(full))
+        _harness.assert_resume_exact(case, len(full) // 2, full=full)
+    assert lengths[0] == lengths[1]
+
+
+def test_batch_size_one_and_batch_larger_than_the_dataset(parquet_dir, small_split):
+    tiny = _case(parquet_dir, small_split, batch_size=1, shuffle=True)
+    full = _harness.run_epoch(tiny)
+    assert len(full) == TOTAL_ROWS
+    _harness.assert_resume_exact(tiny, 333, full=full)
+    huge = _case(parquet_dir, small_split, batch_size=10 * TOTAL_ROWS, shuffle=True)
+    full = _harness.run_epoch(huge)
+    assert len(full) == 1
+    _harness.assert_resume_exact(huge, 1, full=full)
+
+
+# ---------------------------------------------------------------------------- property
+
+
+@st.composite
+def shapes(draw):
+    return {
+        "rows": draw(st.lists(st.integers(1, 120), min_size=1, max_size=3)),
+        "row_group": draw(st.integers(1, 40)),
+        "batch_size": draw(st.integers(1, 50)),
+        "num_workers": draw(st.integers(0, 3)),
+        "shuffle": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**31)),
+        "split_bytes": draw(st.sampled_from([1, 600, 3000, 2**30])),
+        "drop_last": draw(st.booleans()),
+        "point": draw(st.floats(0, 1)),
+    }
+
+
+@settings(max_examples=20, deadline=None)
+@given(shapes())
+def test_property_resume_is_the_uninterrupted_continuation(shape):
+    root = Path(tempfile.mkdtemp(prefix="tdu-prop-"))
+    try:
+        write_dataset(root, shape["rows"], row_group_size=shape["row_group"])
+        case = {
+            "path": str(root), "batch_size": shape["batch_size"],
+            "num_workers": shape["num_workers"], "shuffle": shape["shuffle"],
+            "shuffle_seed": shape["seed"], "split_bytes": shape["split_bytes"],
+            "drop_last": shape["drop_last"],
+        }  # fmt: skip
+        full = _harness.run_epoch(case)
+        k = round(shape["point"] * len(full))
+        state, first = _harness.checkpoint_after(case, k)
+        rest = _harness.resume(case, state)
+        assert first + rest == full
+        delivered = _harness.ids(first) + _harness.ids(rest)
+        assert len(delivered) == len(set(delivered))  # no row twice
+        if not shape["drop_last"]:
+            assert sorted(delivered) == list(range(sum(shape["rows"])))  # none lost
+    finally:
+        shutil.rmtree(root)
