@@ -121,6 +121,17 @@ def test_next_epoch_after_set_epoch(case: dict[str, Any], num_workers: int) -> N
     assert sorted(i for b in epoch1 for i in b) == sorted(i for b in epoch0 for i in b)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_one_rank_of_a_ddp_job(case: dict[str, Any], num_workers: int) -> None:
+    """Rank 1 of 2 (evened out, the DDP default): the same exact resume."""
+    ranked = {**case, "rank": 1, "world_size": 2}
+    batches = run(ranked, num_workers)
+    first, state = checkpoint(ranked, num_workers, 3)
+    assert first == batches[:3]
+    assert run(ranked, num_workers, state) == batches[3:]
+    assert len(batches) == len(run({**case, "rank": 0, "world_size": 2}, num_workers))
+
+
 def test_changed_seed_raises_in_the_worker(case: dict[str, Any]) -> None:
     _, state = checkpoint(case, 2, 4)
     reseeded = loader(case, 2, shuffle_seed=4)
