@@ -1,0 +1,273 @@
+"""Local Parquet throughput: torch_dataloader_utils against raw pyarrow in the same run.
+
+Measures rows/s over the same files (columns id int64, x float64, y float32; batches of 4,096):
+
+* ``raw``: ``pq.ParquetFile(f).iter_batches(batch_size=4096, use_threads=T)`` and
+  ``torch.from_numpy(col.to_numpy())`` per column, with T = True and T = False; the faster of
+  the two (by median) is the baseline;
+* ``ours w0`` / ``ours w2``: ``StructuredDataset.create_dataloader(dir, batch_size=4096,
+  num_workers=0 | 2)``, timed from ``iter(loader)`` to the last batch (worker start-up included;
+  dataset construction, i.e. indexing, is timed separately);
+* optionally Hugging Face ``datasets`` streaming Parquet under torchdata's
+  ``StatefulDataLoader`` (its resumable path), on a prefix of the rows (rows/s extrapolated; the
+  first batch is excluded from its timing, which favours it). Skipped when ``datasets`` is not
+  importable.
+
+Runs are interleaved (raw T, raw F, w0, w2, raw T, …) and every ratio uses figures from this run.
+
+    python benchmarks/bench_throughput.py [--data DIR] [--rows N] [--repeats K] [--plot out.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow.parquet as pq
+import torch
+from _bench_util import ensure_dataset, machine_note, plot_bars, summary, timed
+
+from torch_dataloader_utils import StructuredDataset
+
+BATCH = 4096
+TARGET_W0 = 0.9
+TARGET_W2 = 1.6
+TARGET_HF = 50.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--data", default="bench_output/throughput", help="dataset directory")
+    p.add_argument("--rows", type=int, default=16_000_000, help="rows in the dataset")
+    p.add_argument("--files", type=int, default=8, help="Parquet files")
+    p.add_argument("--row-group-rows", type=int, default=131_072, help="rows per row group")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved runs per contender")
+    p.add_argument("--hf-rows", type=int, default=200_000, help="rows for the per-row HF path")
+    p.add_argument("--hf-batched-rows", type=int, default=2_000_000, help="rows, batched HF path")
+    p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face comparison")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
+    p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- contenders
+
+
+def raw_pyarrow(files: list[str], use_threads: bool) -> int:
+    """The baseline: what a user would write by hand. Returns rows consumed."""
+    rows = 0
+    for path in files:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH, use_threads=use_threads):
+            tensors = {
+                name: torch.from_numpy(batch.column(i).to_numpy())
+                for i, name in enumerate(batch.schema.names)
+            }
+            rows += len(tensors["id"])
+    return rows
+
+
+def ours(data: str, num_workers: int) -> tuple[float, float, float, int]:
+    """``(construction s, first batch s, iteration s, rows)`` for one epoch through our loader."""
+    build, (loader, _) = timed(
+        lambda: StructuredDataset.create_dataloader(data, batch_size=BATCH, num_workers=num_workers)
+    )
+    start = time.perf_counter()
+    first, rows = 0.0, 0
+    for batch in loader:
+        rows += len(batch["id"])
+        first = first or time.perf_counter() - start
+    return build, first, time.perf_counter() - start, rows
+
+
+def interleaved(
+    contenders: dict[str, Callable[[], tuple[float, int]]], repeats: int, expected_rows: int
+) -> dict[str, list[float]]:
+    """rows/s of every contender, run in turn ``repeats`` times."""
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    for repeat in range(repeats):
+        for name, run in contenders.items():
+            seconds, rows = run()
+            if rows != expected_rows:
+                raise SystemExit(f"{name} delivered {rows:,} rows, expected {expected_rows:,}")
+            rates[name].append(rows / seconds)
+        line = "  ".join(f"{n}={r[-1] / 1e6:6.2f}M" for n, r in rates.items())
+        print(f"  run {repeat + 1}/{repeats}: {line} rows/s", flush=True)
+    return rates
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+
+
+def hf_available() -> str | None:
+    """``None`` if ``datasets`` and torchdata import, else why not."""
+    try:
+        import datasets  # noqa: F401
+        import torchdata.stateful_dataloader  # noqa: F401
+    except ImportError as exc:
+        return f"{exc.name or exc} is not installed"
+    return None
+
+
+def hf_rate(files: list[str], hf_home: str, rows_wanted: int, batched: bool) -> float:
+    """rows/s of ``datasets`` streaming Parquet + ``StatefulDataLoader`` over a prefix.
+
+    ``batched=False`` is the documented per-example path (``StatefulDataLoader(ds,
+    batch_size=4096)``, default collate); ``batched=True`` is the fastest resumable set-up we
+    found (``ds.with_format("numpy").batch(4096)``, ``batch_size=None``).
+    """
+    os.environ.setdefault("HF_HOME", hf_home)
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import datasets
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    datasets.disable_progress_bars()
+    ds = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+    if batched:
+        loader = StatefulDataLoader(ds.with_format("numpy").batch(BATCH), batch_size=None)
+    else:
+        loader = StatefulDataLoader(ds, batch_size=BATCH)
+    batches = iter(loader)
+    first = next(batches)  # set-up excluded from the timing
+    assert isinstance(first["id"], torch.Tensor) and len(first["id"]) == BATCH, type(first["id"])
+    rows, start = 0, time.perf_counter()
+    for batch in batches:
+        rows += len(batch["id"])
+        if rows >= rows_wanted:
+            break
+    return rows / (time.perf_counter() - start)
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def fmt_rate(value: float) -> str:
+    return f"{value / 1e6:8.2f} M rows/s"
+
+
+def verdict(value: float, target: float, higher: bool = True) -> str:
+    ok = value >= target if higher else value <= target
+    return f"{'meets' if ok else 'MISSES'} target {'≥' if higher else '≤'} {target:g}"
+
+
+def ratio_line(label: str, value: float, target: float, note: str) -> str:
+    return f"  {label:<22}= {value:8.2f}   ({verdict(value, target)}; {note})"
+
+
+def report(
+    rates: dict[str, dict[str, float]], hf: dict[str, float], builds: dict[str, float]
+) -> dict[str, Any]:
+    print("\nrows/s (median of runs; best in brackets)")
+    for name, s in rates.items():
+        print(f"  {name:<22}{fmt_rate(s['median'])}   [best {fmt_rate(s['best']).strip()}]")
+    raw_name = max(("raw threads=True", "raw threads=False"), key=lambda n: rates[n]["median"])
+    raw, w0, w2 = rates[raw_name]["median"], rates["ours w0"]["median"], rates["ours w2"]["median"]
+    ratios: dict[str, Any] = {
+        "baseline": raw_name,
+        "w0_over_raw": w0 / raw,
+        "w2_over_w0": w2 / w0,
+        "w0_over_raw_best": rates["ours w0"]["best"] / rates[raw_name]["best"],
+        "w2_over_w0_best": rates["ours w2"]["best"] / rates["ours w0"]["best"],
+    }
+    print(f"\nratios of medians; baseline = {raw_name} (the faster raw variant)")
+    best = ratios["w0_over_raw_best"]
+    print(ratio_line("ours(w0) / raw", ratios["w0_over_raw"], TARGET_W0, f"best/best {best:.2f}"))
+    best = ratios["w2_over_w0_best"]
+    print(
+        ratio_line("ours(w2) / ours(w0)", ratios["w2_over_w0"], TARGET_W2, f"best/best {best:.2f}")
+    )
+    for name, rate in hf.items():
+        ratios[f"w0_over_{name}"] = w0 / rate
+        print(ratio_line(f"ours(w0) / {name}", w0 / rate, TARGET_HF, f"{name}: {rate:,.0f} rows/s"))
+    print(
+        f"\nmedian dataset construction (listing + footers, not in the rows/s above): "
+        f"w0 {builds['build_w0']:.3f} s, w2 {builds['build_w2']:.3f} s"
+    )
+    print(
+        f"median time to first batch (in the rows/s above; w2 includes starting the workers): "
+        f"w0 {builds['first_w0']:.3f} s, w2 {builds['first_w2']:.3f} s"
+    )
+    return ratios
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+    files = ensure_dataset(
+        args.data, rows=args.rows, files=args.files, row_group_rows=args.row_group_rows
+    )
+    size = sum(os.path.getsize(f) for f in files)
+    print(f"dataset: {args.data}: {len(files)} files, {args.rows:,} rows, {size / 2**20:.0f} MiB")
+    print(f"batch_size={BATCH}")
+    print(f"machine: {machine_note()}")
+    raw_pyarrow(files, True)  # warm the page cache
+    builds: dict[int, list[float]] = {0: [], 2: []}
+    firsts: dict[int, list[float]] = {0: [], 2: []}
+
+    def run_ours(workers: int) -> tuple[float, int]:
+        build, first, seconds, rows = ours(args.data, workers)
+        builds[workers].append(build)
+        firsts[workers].append(first)
+        return seconds, rows
+
+    contenders: dict[str, Callable[[], tuple[float, int]]] = {
+        "raw threads=True": lambda: timed(lambda: raw_pyarrow(files, True)),
+        "raw threads=False": lambda: timed(lambda: raw_pyarrow(files, False)),
+        "ours w0": lambda: run_ours(0),
+        "ours w2": lambda: run_ours(2),
+    }
+    print(f"\n{args.repeats} interleaved runs per contender:")
+    rates = {k: summary(v) for k, v in interleaved(contenders, args.repeats, args.rows).items()}
+    hf = run_hf(args, files)
+    extra = {
+        f"{k}_w{w}": summary(v[w])["median"]
+        for k, v in (("build", builds), ("first", firsts))
+        for w in v
+    }
+    ratios = report(rates, hf, extra)
+    if args.plot:
+        labels = [*rates, *hf]
+        values = [s["median"] for s in rates.values()] + list(hf.values())
+        plot_bars(
+            args.plot,
+            f"Local Parquet throughput, batch {BATCH} ({args.rows:,} rows)",
+            labels,
+            values,
+            "rows/s (median)",
+            [machine_note()],
+        )
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"rates": rates, "hf": hf, "ratios": ratios, "seconds": extra}, out, indent=2)
+    return 0
+
+
+def run_hf(args: argparse.Namespace, files: list[str]) -> dict[str, float]:
+    if args.no_hf:
+        print("\nHugging Face comparison skipped (--no-hf)")
+        return {}
+    missing = hf_available()
+    if missing:
+        print(f"\nHugging Face comparison skipped: {missing} (pip install datasets to run it)")
+        return {}
+    hf_home = os.path.join(os.path.dirname(os.path.abspath(args.data)), "hf_home")
+    print("\nHugging Face datasets streaming + StatefulDataLoader (a prefix of the rows):")
+    result = {}
+    for name, batched, rows in (
+        ("hf", False, args.hf_rows),
+        ("hf-batch", True, args.hf_batched_rows),
+    ):
+        result[name] = hf_rate(files, hf_home, rows, batched)
+        print(f"  {name:<9} {fmt_rate(result[name])} over {rows:,} rows", flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
