@@ -36,7 +36,7 @@ from ._state import (
 )
 from ._storage import Storage
 from ._stream import Position, Run, read_stream
-from ._transport import Packet, Rings, pack, tensor_bytes
+from ._transport import Packet, SharedSlots, pack, tensor_bytes
 from ._world import World, detect_ranks, detect_worker
 
 if TYPE_CHECKING:
@@ -70,10 +70,10 @@ class _Start:
 
 @dataclass(frozen=True)
 class _Iteration:
-    """What workers need to start: where, and the rings to pack into for our loader."""
+    """What workers need to start: where, and the slots to pack into for our loader."""
 
     start: _Start
-    rings: Rings | None = None
+    slots: SharedSlots | None = None
 
 
 # What a packet is made of: parts (chunks or batches), rows per batch, positions, is-last.
@@ -290,11 +290,11 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             return self._deliver(0, progress)
         progress = self._begin(iteration.start, worker[1])
         progress.positions = {worker[0]: progress.positions[worker[0]]}
-        if iteration.rings is not None:
-            return self._packets(worker[0], progress, iteration.rings)
+        if iteration.slots is not None:
+            return self._packets(worker[0], progress, iteration.slots)
         return self._deliver(worker[0], progress)
 
-    def _begin_iteration(self, num_workers: int, rings: Rings | None = None) -> Progress:
+    def _begin_iteration(self, num_workers: int, slots: SharedSlots | None = None) -> Progress:
         """Main process: validate the start for ``num_workers``, hand it to workers, track it.
 
         Later iterations start the epoch afresh unless a state is loaded again.
@@ -302,7 +302,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         start = self._iteration.start
         progress = self._begin(start, num_workers)
         self._progress = progress
-        self._iteration = _Iteration(start, rings)
+        self._iteration = _Iteration(start, slots)
         return progress
 
     def _starts_fresh(self) -> bool:
@@ -338,21 +338,22 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             progress.cursor = 0
             yield batch
 
-    def _packets(self, worker: int, progress: Progress, rings: Rings) -> Iterator[Packet]:
+    def _packets(self, worker: int, progress: Progress, slots: SharedSlots) -> Iterator[Packet]:
         """Packets of 1, 2, 4, ... batches; the last packet (maybe empty) ends the stream.
 
         Without a transform, a packet converts whole decoded chunks at once, so no per-batch
         work happens in the worker; tensors view Arrow's buffers until packed into the ring.
         """
-        generation = rings.generation()
+        generation = slots.generation()
         if self._config.transform is None:
-            items = self._chunk_packets(worker, progress, rings.slot_bytes)
+            items = self._chunk_packets(worker, progress, slots.slot_bytes)
         else:
-            items = self._batch_packets(worker, progress, rings.slot_bytes)
-        for number, (parts, lengths, positions, last) in enumerate(items):
-            if not rings.wait_for_slot(worker, number, generation):
+            items = self._batch_packets(worker, progress, slots.slot_bytes)
+        for parts, lengths, positions, last in items:
+            slot = slots.acquire(worker, generation)
+            if slot is None:  # the main process ended the iteration
                 return
-            yield pack(rings, worker, number, parts, lengths, positions, last=last)
+            yield pack(slots, worker, slot, parts, lengths, positions, last=last)
 
     def _chunk_packets(self, worker: int, progress: Progress, slot_bytes: int) -> Iterator[_Parts]:
         config = self._config
@@ -394,7 +395,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             self._index, self._storage, self._format,
             progress.plan.stream(progress.settings.world(worker)),
             progress.positions.get(worker, (0, 0)), config.columns, config.batch_size,
-            config.drop_last, run_sizes=sizes, read_ahead=_READ_AHEAD if detect_worker() is None else 0,
+            config.drop_last, run_sizes=sizes,
+            read_ahead=_READ_AHEAD if detect_worker() is None else 0,
             row_budget=self._row_budget(progress, worker),
         )  # fmt: skip
 

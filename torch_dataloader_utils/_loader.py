@@ -10,7 +10,7 @@ import torch.utils.data
 
 from ._dataset import StructuredDataset
 from ._stream import Position
-from ._transport import Rings
+from ._transport import SharedSlots
 
 __all__ = ["StructuredDataLoader"]
 
@@ -42,7 +42,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
             )
         super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
         dataset._num_workers = self.num_workers
-        self._rings: Rings | None = None
+        self._slots: SharedSlots | None = None
         # Persistent workers are reused only for a fresh start of the epoch they were given.
         self._workers_fresh_epoch: int | None = None
 
@@ -55,16 +55,16 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         """Batches in strict round-robin over workers from the cursor, whatever the packet sizes."""
         dataset = self.dataset
         reuse = self.persistent_workers and self._iterator is not None
-        if not (reuse and self._rings is not None and self._workers_fresh_epoch == dataset.epoch
+        if not (reuse and self._slots is not None and self._workers_fresh_epoch == dataset.epoch
                 and dataset._starts_fresh()):  # fmt: skip
             if self._iterator is not None:
                 self._iterator._shutdown_workers()  # type: ignore[attr-defined]
                 self._iterator = None
-            self._rings = Rings(self.num_workers)
-        rings = self._rings
-        rings.begin()
+            self._slots = SharedSlots(self.num_workers)
+        slots = self._slots
+        slots.begin()
         self._workers_fresh_epoch = dataset.epoch if dataset._starts_fresh() else None
-        progress = dataset._begin_iteration(self.num_workers, rings)
+        progress = dataset._begin_iteration(self.num_workers, slots)
         packets = super().__iter__()
         dataset._end_iteration_setup()
         waiting: dict[int, deque[tuple[Any, Position]]] = {
@@ -77,7 +77,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
             while sending or any(waiting.values()):
                 while not waiting[worker] and worker in sending:
                     packet = next(packets)
-                    waiting[packet.worker].extend(packet.unpack(rings, pin=pin))
+                    waiting[packet.worker].extend(packet.unpack(slots, pin=pin))
                     if packet.last:
                         sending.discard(packet.worker)
                 if waiting[worker]:
@@ -87,7 +87,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
                     yield batch
                 worker = (worker + 1) % self.num_workers
         finally:
-            rings.control[0] += 1  # workers still waiting for a slot give up
+            slots.end()  # workers still waiting for a slot give up
 
     def __len__(self) -> int:
         """Batches this rank yields in the epoch (``DataLoader.__len__`` would count packets)."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import DataSourceError
-from ._retry import DEFAULT_RETRY, RetryPolicy, retry_call
+from ._retry import DEFAULT_RETRY, RetryPolicy, is_transient, retry_call
 
 __all__ = ["AHEAD", "HOLE", "WINDOW", "Layout", "RemoteFile", "parquet_layout"]
 
@@ -261,9 +261,20 @@ class RemoteFile(io.RawIOBase):
         try:
             data = retry_call(attempt, self._retry)
         except Exception as exc:
-            message = self._redact(f"cannot read {self.name} bytes [{start}, {stop}): {exc}")
-            clean = message == f"cannot read {self.name} bytes [{start}, {stop}): {exc}"
-            raise DataSourceError(message) from (exc if clean else None)
+            error = self._failure(start, stop, exc)
+            raise error from error.__cause__
         self.requests += 1
         self.bytes_fetched += len(data)
         return data
+
+    def _failure(self, start: int, stop: int, exc: Exception) -> DataSourceError:
+        """The error for a range that could not be read, credentials scrubbed, cause kept."""
+        tries = (
+            f"after {self._retry.attempts} attempts (set TDU_RETRY_ATTEMPTS to retry longer)"
+            if is_transient(exc)
+            else "(not retried: the error is not transient)"
+        )
+        text = f"cannot read {self.name} bytes [{start}, {stop}) {tries}: {exc}"
+        error = DataSourceError(self._redact(text))
+        error.__cause__ = exc if self._redact(text) == text else None
+        return error

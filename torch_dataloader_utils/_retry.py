@@ -2,12 +2,15 @@
 
 Transient: HTTP 5xx, throttling (``SlowDown``, ``Throttling``, 429), connection resets, broken
 pipes, timeouts and truncated bodies. Everything else (missing object, access denied, a bad
-range) fails at once. The policy is a frozen value passed around, never a global.
+range) fails at once. The policy is a frozen value passed around, never a global; its defaults
+can be changed per process with ``TDU_RETRY_ATTEMPTS``, ``TDU_RETRY_BASE_DELAY`` and
+``TDU_RETRY_MAX_DELAY`` (read when a dataset is built).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import random
 import socket
 import time
@@ -15,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-__all__ = ["DEFAULT_RETRY", "RetryPolicy", "is_transient", "retry_call"]
+__all__ = ["DEFAULT_RETRY", "RetryPolicy", "is_transient", "policy_from_env", "retry_call"]
 
 T = TypeVar("T")
 
@@ -101,6 +104,21 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY = RetryPolicy()
+
+
+def policy_from_env() -> RetryPolicy:
+    """``DEFAULT_RETRY`` with any ``TDU_RETRY_*`` environment overrides applied."""
+    try:
+        return RetryPolicy(
+            attempts=int(os.environ.get("TDU_RETRY_ATTEMPTS", DEFAULT_RETRY.attempts)),
+            base_delay=float(os.environ.get("TDU_RETRY_BASE_DELAY", DEFAULT_RETRY.base_delay)),
+            max_delay=float(os.environ.get("TDU_RETRY_MAX_DELAY", DEFAULT_RETRY.max_delay)),
+        )
+    except ValueError as exc:
+        raise ValueError(
+            f"invalid TDU_RETRY_* environment setting: {exc}; expected TDU_RETRY_ATTEMPTS a "
+            f"positive int and TDU_RETRY_BASE_DELAY/TDU_RETRY_MAX_DELAY seconds >= 0"
+        ) from None
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -25,7 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ._errors import DataSourceError
 from ._remote import Layout, RemoteFile, parquet_layout
-from ._retry import DEFAULT_RETRY, RetryPolicy, retry_call
+from ._retry import RetryPolicy, policy_from_env, retry_call
 
 __all__ = ["FileEntry", "Storage", "secret_values"]
 
@@ -66,11 +66,11 @@ class Storage:
         url: str,
         storage_options: Mapping[str, Any] | None = None,
         *,
-        retry: RetryPolicy = DEFAULT_RETRY,
+        retry: RetryPolicy | None = None,
     ) -> None:
         options = dict(storage_options or {})
         self._secrets = secret_values(options)
-        self.retry = retry
+        self.retry = policy_from_env() if retry is None else retry
         try:
             self._fs, _ = fsspec.core.url_to_fs(url, **options)
         except (ValueError, TypeError) as exc:

@@ -3,11 +3,14 @@
 Each tensor a worker puts on the DataLoader queue costs a fresh shared-memory segment, a file
 descriptor handed over a socket and page faults on both sides; for batches of a few thousand
 rows that overhead, not the bytes, bounds throughput. So a worker packs a run of consecutive
-batches into a :class:`Packet` and writes their tensor columns into :class:`Rings`: a few
-fixed shared-memory slots per worker, allocated once per iteration. The queue then carries
-only offsets. The main process copies each batch out of its slot (the training loop owns what
-it is handed) and frees the slot; a worker waits while all its slots are in use, which also
-bounds memory.
+batches into a :class:`Packet` and writes their numeric columns into a slot of
+:class:`SharedSlots`: a few shared-memory buffers per worker, allocated once per iteration by
+the main process and reused. The queue then carries only offsets.
+
+The main process hands out views of a slot (no copy) and takes the slot back once every view
+is gone. So that a training loop that keeps batches can never starve a worker, at most
+``slots - 2`` slots per worker stay lent out; a packet arriving beyond that is copied out and
+its slot freed at once. Workers wait while all their slots are busy, which bounds memory.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ import torch
 
 from ._stream import Position
 
-__all__ = ["Packet", "Rings", "pack"]
+__all__ = ["Packet", "SharedSlots", "pack", "tensor_bytes"]
 
 _ALIGN = 64
+_FREE, _BUSY = 0, 1
 
 
 @dataclass(frozen=True)
 class _Slab:
-    """A tensor stored in a worker's ring at byte ``offset``; ``numpy`` restores an array."""
+    """A tensor stored at byte ``offset`` of a slot; ``numpy`` restores a numpy array."""
 
     offset: int
     dtype: torch.dtype
@@ -39,74 +43,124 @@ class _Slab:
     numpy: bool
 
 
-class Rings:
-    """Per worker, ``slots`` shared-memory slots of ``slot_bytes`` bytes, and their counters.
+def _use_count(storage: torch.UntypedStorage) -> int:
+    """How many tensors/storages share ``storage`` (PyTorch keeps no public accessor)."""
+    return int(torch._C._storage_Use_Count(storage._cdata))
+
+
+class SharedSlots:
+    """``slots`` shared-memory buffers of ``slot_bytes`` per worker, and their flags.
 
     ``control[0]`` is the iteration's generation (a worker of an older one stops waiting);
-    ``control[1 + w]`` counts the packets of worker ``w`` the main process has released.
+    ``control[1 + w * slots + s]`` is slot ``s`` of worker ``w``: free or busy.
     """
 
-    def __init__(self, num_workers: int, slots: int = 3, slot_bytes: int = 2 << 20) -> None:
+    def __init__(self, num_workers: int, slots: int = 4, slot_bytes: int = 2 << 20) -> None:
         self.slots = slots
         self.slot_bytes = slot_bytes
         # Allocated shared from the start: share_memory_() would allocate twice and copy.
         self.buffers = [
-            torch.empty(0, dtype=torch.uint8).set_(
-                torch.UntypedStorage._new_shared(slots * slot_bytes)  # type: ignore[no-untyped-call]
-            )
+            [
+                torch.empty(0, dtype=torch.uint8).set_(
+                    torch.UntypedStorage._new_shared(slot_bytes)  # type: ignore[no-untyped-call]
+                )
+                for _ in range(slots)
+            ]
             for _ in range(num_workers)
         ]
-        self.control = torch.zeros(num_workers + 1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self.control = torch.zeros(1 + num_workers * slots, dtype=torch.int64)
+        self.control.share_memory_()  # type: ignore[no-untyped-call]
+        self._lent: dict[tuple[int, int], int] = {}  # main process: (worker, slot) -> use count
+
+    @property
+    def _flags(self) -> np.ndarray:
+        return self.control.numpy()
 
     def begin(self) -> None:
-        """Main process, before workers start an iteration: new generation, all slots free."""
-        self.control[0] += 1
-        self.control[1:] = 0
+        """Main process, before workers (re)start: new generation; slots not lent are free.
+
+        Slots still viewed by batches of an earlier iteration stay lent until those go.
+        """
+        flags = self._flags
+        flags[0] += 1
+        flags[1:] = _FREE
+        for worker in {w for w, _ in self._lent}:
+            self._reclaim(worker)
+        for worker, slot in self._lent:
+            flags[1 + worker * self.slots + slot] = _BUSY
 
     def generation(self) -> int:
-        return int(self.control[0])
+        return int(self._flags[0])
 
-    def wait_for_slot(self, worker: int, packet: int, generation: int) -> bool:
-        """Block until packet number ``packet`` may use its slot; False if the iteration ended."""
-        while packet - int(self.control[1 + worker]) >= self.slots:
-            if int(self.control[0]) != generation:
-                return False
-            time.sleep(0.0005)
-        return int(self.control[0]) == generation
+    def end(self) -> None:
+        """Main process: the iteration is over; workers still waiting for a slot give up."""
+        self._flags[0] += 1
 
-    def release(self, worker: int) -> None:
-        self.control[1 + worker] += 1
+    def acquire(self, worker: int, generation: int) -> int | None:
+        """Worker: a free slot, marked busy; ``None`` once the iteration has ended."""
+        flags = self._flags
+        first = 1 + worker * self.slots
+        while flags[0] == generation:
+            free = np.flatnonzero(flags[first : first + self.slots] == _FREE)
+            if len(free):
+                slot = int(free[0])
+                flags[first + slot] = _BUSY
+                return slot
+            time.sleep(0.0002)
+        return None
 
-    def view(self, worker: int, slab: _Slab) -> torch.Tensor:
-        count = int(np.prod(slab.shape)) * _itemsize(slab.dtype)
-        raw = self.buffers[worker][slab.offset : slab.offset + count]
+    def view(self, worker: int, slot: int, slab: _Slab) -> torch.Tensor:
+        nbytes = int(np.prod(slab.shape)) * _itemsize(slab.dtype)
+        raw = self.buffers[worker][slot][slab.offset : slab.offset + nbytes]
         return raw.view(slab.dtype).view(slab.shape)
+
+    def lend_or_copy(self, worker: int, slot: int) -> bool:
+        """Main process, on receiving a packet in ``slot``: may its batches view the slot?"""
+        self._reclaim(worker)
+        if sum(1 for w, _ in self._lent if w == worker) >= self.slots - 2:
+            return False
+        self._lent[worker, slot] = _use_count(self.buffers[worker][slot].untyped_storage())
+        return True
+
+    def free(self, worker: int, slot: int) -> None:
+        self._flags[1 + worker * self.slots + slot] = _FREE
+
+    def _reclaim(self, worker: int) -> None:
+        """Free the lent slots of ``worker`` whose views the training loop has dropped."""
+        for key in [k for k in self._lent if k[0] == worker]:
+            storage = self.buffers[key[0]][key[1]].untyped_storage()
+            if _use_count(storage) <= self._lent[key]:
+                del self._lent[key]
+                self.free(*key)
 
 
 @dataclass
 class Packet:
     """Consecutive batches of one worker and the stream position after each of them.
 
-    ``payload`` is a dict of columns joined across the batches, one joined RecordBatch, or the
-    batches as they are (``lengths is None``). ``lengths`` gives each batch's rows, one number
-    for all columns or one per column (a transform may change lengths per column).
+    ``payload`` is a dict of columns joined across the batches (numeric ones in ``slot``), one
+    joined RecordBatch, or the batches as they are (``lengths is None``). ``lengths`` gives
+    each batch's rows, one number for all columns or one per column (a transform may change
+    lengths per column).
     """
 
     worker: int
-    number: int
+    slot: int
     positions: list[Position]
     payload: Any
     lengths: list[int] | list[dict[str, int]] | None
     last: bool
 
-    def unpack(self, rings: Rings, *, pin: bool = False) -> list[tuple[Any, Position]]:
-        """The batches, copied out of the ring (into pinned memory if ``pin``), slot released."""
+    def unpack(self, slots: SharedSlots, *, pin: bool = False) -> list[tuple[Any, Position]]:
+        """The batches: views of the slot when it may be lent, else copies (pinned if ``pin``)."""
+        lend = not pin and slots.lend_or_copy(self.worker, self.slot)
         try:
-            return list(zip(self._batches(rings, pin), self.positions, strict=True))
+            return list(zip(self._batches(slots, lend, pin), self.positions, strict=True))
         finally:
-            rings.release(self.worker)
+            if not lend:
+                slots.free(self.worker, self.slot)
 
-    def _batches(self, rings: Rings, pin: bool) -> Iterator[Any]:
+    def _batches(self, slots: SharedSlots, lend: bool, pin: bool) -> Iterator[Any]:
         if self.lengths is None:
             yield from self.payload
         elif isinstance(self.payload, pa.RecordBatch):
@@ -116,11 +170,14 @@ class Packet:
                 offset += length  # type: ignore[operator]
         else:
             columns = {
-                key: _cut(value, self._lengths_of(key), rings, self.worker, pin)
+                key: _cut(value, self._lengths_of(key), self._slot_view(slots), lend, pin)
                 for key, value in self.payload.items()
             }
             for i in range(len(self.positions)):
                 yield {key: parts[i] for key, parts in columns.items()}
+
+    def _slot_view(self, slots: SharedSlots) -> Any:
+        return lambda slab: slots.view(self.worker, self.slot, slab)
 
     def _lengths_of(self, key: str) -> list[int]:
         lengths = self.lengths or []
@@ -128,33 +185,35 @@ class Packet:
 
 
 def pack(
-    rings: Rings,
+    slots: SharedSlots,
     worker: int,
-    number: int,
+    slot: int,
     parts: list[Any],
     lengths: list[int] | list[dict[str, int]],
     positions: list[Position],
     *,
     last: bool,
 ) -> Packet:
-    """Packet ``number`` of ``worker`` from ``parts`` (chunks or batches) in stream order.
+    """A packet of ``worker`` from ``parts`` (chunks or batches) in stream order.
 
-    Dict parts have their tensor and numeric numpy columns written into the worker's ring slot.
+    Dict parts have their tensor and numeric numpy columns written into ``slot``.
     """
     if parts and all(isinstance(p, pa.RecordBatch) for p in parts):
-        return Packet(worker, number, positions, pa.concat_batches(parts), lengths, last)
+        return Packet(worker, slot, positions, pa.concat_batches(parts), lengths, last)
     if parts and all(isinstance(p, dict) and list(p) == list(parts[0]) for p in parts):
-        offset = (number % rings.slots) * rings.slot_bytes
-        end = offset + rings.slot_bytes
+        offset = 0
         payload: dict[str, Any] = {}
         for key in parts[0]:
-            payload[key], offset = _join([p[key] for p in parts], rings, worker, offset, end)
-        return Packet(worker, number, positions, payload, lengths, last)
-    return Packet(worker, number, positions, parts, None, last)
+            payload[key], offset = _join(
+                [p[key] for p in parts], lambda slab: slots.view(worker, slot, slab), offset,
+                slots.slot_bytes,
+            )  # fmt: skip
+        return Packet(worker, slot, positions, payload, lengths, last)
+    return Packet(worker, slot, positions, parts, None, last)
 
 
 def tensor_bytes(batch: Any) -> int:
-    """Bytes of the numeric columns of a dict batch (what a ring slot must hold)."""
+    """Bytes of the numeric columns of a dict batch (what a slot must hold)."""
     if not isinstance(batch, dict):
         return 0
     return sum(
@@ -162,8 +221,8 @@ def tensor_bytes(batch: Any) -> int:
     )
 
 
-def _join(values: list[Any], rings: Rings, worker: int, offset: int, end: int) -> tuple[Any, int]:
-    """One value for a column across parts, in the ring when it is numeric and fits."""
+def _join(values: list[Any], view: Any, offset: int, end: int) -> tuple[Any, int]:
+    """One value for a column across parts, in the slot when it is numeric and fits."""
     first = values[0]
     numeric = isinstance(first, torch.Tensor) or (
         isinstance(first, np.ndarray) and first.dtype != object
@@ -177,17 +236,23 @@ def _join(values: list[Any], rings: Rings, worker: int, offset: int, end: int) -
         if offset + nbytes > end:  # larger than a slot: let torch share it on its own
             joined = np.concatenate(values) if is_numpy else torch.cat(values)
             return joined, offset
-        target = rings.view(worker, slab)
-        if is_numpy:
-            np.concatenate(values, out=target.numpy())
-        else:
-            torch.cat(values, out=target)
+        _concatenate(values, view(slab))
         return slab, offset + (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
     if isinstance(first, list) and all(isinstance(v, list) for v in values):
         return [item for value in values for item in value], offset
     if isinstance(first, np.ndarray) and all(isinstance(v, np.ndarray) for v in values):
         return np.concatenate(values), offset
     return _Parts(values), offset
+
+
+def _concatenate(values: list[Any], target: torch.Tensor) -> None:
+    """Copy ``values`` one after another into ``target`` (numpy's copy is the fastest here)."""
+    try:
+        arrays = [v if isinstance(v, np.ndarray) else v.numpy() for v in values]
+    except TypeError:  # a dtype numpy lacks (bfloat16, ...)
+        torch.cat([torch.as_tensor(v) for v in values], out=target)
+    else:
+        np.concatenate(arrays, out=target.numpy())
 
 
 def _uniform(values: list[Any]) -> bool:
@@ -205,14 +270,15 @@ class _Parts:
     values: list[Any]
 
 
-def _cut(value: Any, lengths: list[int], rings: Rings, worker: int, pin: bool) -> list[Any]:
+def _cut(value: Any, lengths: list[int], view: Any, lend: bool, pin: bool) -> list[Any]:
+    """A joined column cut back into per-batch values (slot views, or copies of them)."""
     if isinstance(value, _Parts):
         return value.values
     if isinstance(value, _Slab):
-        parts = torch.split(rings.view(worker, value), lengths)
-        if value.numpy:
-            return [p.numpy().copy() for p in parts]
-        return [p.pin_memory() if pin else p.clone() for p in parts]
+        parts = torch.split(view(value), lengths)
+        if not lend:
+            parts = tuple(p.pin_memory() if pin else p.clone() for p in parts)
+        return [p.numpy() for p in parts] if value.numpy else list(parts)
     if isinstance(value, torch.Tensor):
         return [p.pin_memory() if pin else p for p in torch.split(value, lengths)]
     bounds = np.cumsum([0, *lengths])
