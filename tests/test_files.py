@@ -66,8 +66,8 @@ def test_pandas_files(tmp_path: Path, compression: str):
 
 
 def test_pandas_index_column_is_a_column(tmp_path: Path):
-    frame = _frame(0, 50).iloc[::-1].set_index("id")  # not a RangeIndex: stored as a column
-    frame.to_parquet(tmp_path / "a.parquet", row_group_size=8)
+    frame = _frame(0, 50).iloc[::-1].set_index("id")
+    frame.to_parquet(tmp_path / "a.parquet", row_group_size=8, index=True)
     loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=50)
     (batch,) = list(loader)
     assert batch["id"].tolist() == list(range(49, -1, -1))
