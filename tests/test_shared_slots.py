@@ -1,0 +1,70 @@
+"""Batches lent from shared-memory slots stay valid for as long as the training loop keeps them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _data import write_dataset
+
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils._transport import SharedSlots, _Slab
+
+
+@pytest.fixture
+def dataset_dir(tmp_path: Path) -> Path:
+    write_dataset(tmp_path, [3000, 2000, 2500], row_group_size=500)
+    return tmp_path
+
+
+def _expected_x(ids: torch.Tensor) -> torch.Tensor:
+    return ids.to(torch.float64) * 0.5
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_kept_batches_survive_later_epochs(dataset_dir: Path, persistent: bool) -> None:
+    loader, dataset = StructuredDataset.create_dataloader(
+        str(dataset_dir), batch_size=64, num_workers=2, shuffle=True,
+        persistent_workers=persistent,
+    )  # fmt: skip
+    kept = list(loader)  # every batch retained: slots cannot all be lent out
+    snapshot = [(b["id"].clone(), b["x"].clone()) for b in kept]
+    for epoch in (1, 2):
+        dataset.set_epoch(epoch)
+        for batch in loader:
+            batch["x"].fill_(-1.0)  # writing a lent view must not reach other batches
+    for batch, (ids, x) in zip(kept, snapshot, strict=True):
+        assert torch.equal(batch["id"], ids) and torch.equal(batch["x"], x)
+        assert torch.equal(batch["x"], _expected_x(batch["id"]))
+    assert sorted(torch.cat([b["id"] for b in kept]).tolist()) == list(range(7500))
+
+
+def test_slot_is_lent_until_its_views_are_gone() -> None:
+    slots = SharedSlots(num_workers=1, slots=4, slot_bytes=1 << 12)
+    slots.begin()
+    first = slots.acquire(0, slots.generation())
+    assert first is not None
+    assert slots.lend_or_copy(0, first)
+    view = slots.view(0, first, _Slab(0, torch.int64, (8,), False))
+    second = slots.acquire(0, slots.generation())
+    assert second is not None and second != first
+    assert slots.lend_or_copy(0, second)
+    other = slots.view(0, second, _Slab(0, torch.int64, (8,), False))
+    third = slots.acquire(0, slots.generation())
+    assert not slots.lend_or_copy(0, third), "at most slots - 2 are lent"
+    slots.free(0, third)
+    del view
+    assert slots.lend_or_copy(0, third), "the first slot came back once its view was dropped"
+    assert np.count_nonzero(slots._flags[1:]) == 3
+    del other
+
+
+def test_waiting_worker_gives_up_when_the_iteration_ends() -> None:
+    slots = SharedSlots(num_workers=1, slots=1, slot_bytes=1 << 12)
+    slots.begin()
+    generation = slots.generation()
+    assert slots.acquire(0, generation) == 0
+    slots.end()
+    assert slots.acquire(0, generation) is None
