@@ -31,7 +31,8 @@ from torch_dataloader_utils._state import (
 
 KEYS = {
     "version", "epoch", "_num_workers", "_shuffle_seed", "_shuffle", "_split_bytes", "_rank",
-    "_world_size", "_format", "files", "num_splits", "done", "partial", "base", "cursor",
+    "_world_size", "_format", "_even_batches", "files", "num_splits", "done", "partial", "base",
+    "cursor",
 }  # fmt: skip
 
 

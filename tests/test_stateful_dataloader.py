@@ -69,23 +69,11 @@ def full(case: dict[str, Any]) -> dict[int, Batches]:
     return {k: run(case, k) for k in (0, 2)}
 
 
-# A worker that has not yet handed out a batch reports the state it started from; see
-# test_state_before_a_worker_yields below.
-_BEFORE_EVERY_WORKER_YIELDED = pytest.mark.xfail(
-    raises=CheckpointMismatchError,
-    reason="StructuredDataset.state_dict() in a worker that has not yielded records "
-    "_num_workers=0 (dataset._num_workers is only set by StructuredDataLoader)",
-    strict=False,
-)
-
-
 @pytest.mark.parametrize(
     ("num_workers", "k"),
     [
         (0, 0), (0, 1), (0, 5), (0, -1), (0, None),
-        pytest.param(2, 0, marks=_BEFORE_EVERY_WORKER_YIELDED),
-        pytest.param(2, 1, marks=_BEFORE_EVERY_WORKER_YIELDED),
-        (2, 2), (2, 5), (2, 8), (2, -1), (2, None),
+        (2, 0), (2, 1), (2, 2), (2, 5), (2, 8), (2, -1), (2, None),
     ],
 )  # fmt: skip
 def test_resume_equals_uninterrupted(
@@ -140,9 +128,6 @@ def test_changed_seed_raises_in_the_worker(case: dict[str, Any]) -> None:
         list(reseeded)
 
 
-@pytest.mark.xfail(
-    raises=CheckpointMismatchError, reason=_BEFORE_EVERY_WORKER_YIELDED.kwargs["reason"]
-)
 def test_state_before_a_worker_yields(case: dict[str, Any], full: dict[int, Batches]) -> None:
     """The narrowest reproduction: checkpoint before the first batch, 2 workers."""
     _, state = checkpoint(case, 2, 0)

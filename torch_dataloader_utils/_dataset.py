@@ -201,9 +201,10 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 p.plan.epoch, p.delivered(), p.plan.base, p.cursor, self._index, p.settings
             )
         start = self._iteration.start
-        workers = (
-            self._num_workers if start.checkpoint_workers is None else start.checkpoint_workers
-        )
+        worker = detect_worker()  # inside a worker the DataLoader's count is known for sure
+        workers = worker[1] if worker is not None else self._num_workers
+        if start.checkpoint_workers is not None:
+            workers = start.checkpoint_workers
         return encode(
             start.epoch, start.delivered, start.base, start.cursor, self._index,
             self._settings(workers or 0),
@@ -417,5 +418,5 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         config = self._config
         return Settings(
             config.format, config.split_bytes, config.shuffle, config.shuffle_seed,
-            self._rank, self._world_size, num_workers,
+            self._rank, self._world_size, num_workers, self._even_batches,
         )  # fmt: skip

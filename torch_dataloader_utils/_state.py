@@ -6,7 +6,7 @@ Schema, version 1 (every value JSON-safe)::
       "version": 1,
       "epoch": int,
       "_num_workers": int, "_shuffle_seed": int, "_shuffle": bool, "_split_bytes": int,
-      "_rank": int, "_world_size": int, "_format": str,
+      "_rank": int, "_world_size": int, "_format": str, "_even_batches": bool,
       "files": {"count": int, "digest": str,            # xxh64 of every (path, fingerprint)
                 "groups": [[first path, last path, count, digest], ...]},   # <= 256 groups
       "num_splits": int,
@@ -52,7 +52,8 @@ STATE_VERSION = 1
 
 _KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "version": int, "epoch": int, "_num_workers": int, "_shuffle_seed": int, "_shuffle": bool,
-    "_split_bytes": int, "_rank": int, "_world_size": int, "_format": str, "files": dict,
+    "_split_bytes": int, "_rank": int, "_world_size": int, "_format": str,
+    "_even_batches": bool, "files": dict,
     "num_splits": int, "done": str, "partial": list, "base": (dict, type(None)), "cursor": int,
 }  # fmt: skip
 _ELASTIC_FIELDS = ("world_size", "rank", "num_workers")
@@ -69,6 +70,7 @@ class Settings:
     rank: int
     world_size: int
     num_workers: int
+    even_batches: bool = False
 
     def world(self, worker: int = 0) -> World:
         return World(self.rank, self.world_size, worker, max(1, self.num_workers))
@@ -114,6 +116,7 @@ def encode(
         "_rank": settings.rank,
         "_world_size": settings.world_size,
         "_format": settings.format,
+        "_even_batches": settings.even_batches,
         "files": {"count": len(index.files), "digest": index.digest, "groups": index.file_groups()},
         "num_splits": len(index.splits),
         "done": _pack_bits(delivered.done),
@@ -201,6 +204,8 @@ def _check_settings(
         "split_bytes": (state["_split_bytes"], settings.split_bytes),
         "shuffle": (state["_shuffle"], settings.shuffle),
         "shuffle_seed": (state["_shuffle_seed"], settings.shuffle_seed),
+        # which rows an evened epoch leaves out, and so where it ends, depends on it
+        "even_batches": (state["_even_batches"], settings.even_batches),
         "world_size": (state["_world_size"], settings.world_size),
         "rank": (state["_rank"], settings.rank),
         # 0 and 1 workers both make one stream per rank, so they resume into each other.
