@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -67,3 +68,16 @@ def test_stream_rows_follow_round_robin_dealing() -> None:
     rows = stream_rows(pieces, np.array([10, 20, 30, 40, 50]), world_size=2, num_workers=2)
     # streams g = rank + 2 * worker take pieces g::4 -> g0: 0,4  g1: 1  g2: 2  g3: 3
     assert rows.tolist() == [[10 + 50, 27], [20, 40]]
+
+
+def test_evened_epoch_end_leaves_nothing_for_an_elastic_resume(uneven: Path) -> None:
+    from _harness import make_loader
+
+    states = []
+    for rank in range(3):
+        loader, dataset = make_loader(_case(uneven, rank, 3, num_workers=2))
+        assert list(loader)
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    loader, dataset = make_loader(_case(uneven, 0, 1, num_workers=2, even_batches=True))
+    dataset.load_state_dict(states, elastic=True)
+    assert list(loader) == [], "rows an evened epoch skipped count as consumed for that epoch"

@@ -54,7 +54,8 @@ def read_stream(
     read_rows = max(batch_size, _MIN_READ_ROWS)
     chunks = _read_chunks(index, storage, fmt, pieces, start, columns, read_rows)
     if row_budget is not None:
-        chunks = _within(chunks, row_budget - _rows_before(index, pieces, start))
+        remaining = row_budget - _rows_before(index, pieces, start)
+        chunks = _within(chunks, remaining, (len(pieces), 0))
     if read_ahead:
         chunks = prefetch(chunks, read_ahead)
     return _runs(chunks, batch_size, drop_last, iter(run_sizes))
@@ -105,18 +106,30 @@ def _rows_before(index: DatasetIndex, pieces: Pieces, start: Position) -> int:
 
 
 def _within(
-    chunks: Iterator[tuple[pa.RecordBatch, _Mark]], budget: int
+    chunks: Iterator[tuple[pa.RecordBatch, _Mark]], budget: int, end: Position
 ) -> Iterator[tuple[pa.RecordBatch, _Mark]]:
-    """The first ``budget`` rows of ``chunks``."""
+    """The first ``budget`` rows of ``chunks``; the last one delivered stands for ``end``.
+
+    So a checkpoint after it records the skipped rest of the stream as consumed for the epoch.
+    """
+    held: tuple[pa.RecordBatch, _Mark] | None = None
     for chunk, mark in chunks:
+        if held is not None:  # rows follow the budget: they are skipped
+            yield held[0], held[1]._replace(end=end)
+            return
         if budget <= 0:
             return
         if chunk.num_rows > budget:
             cut = chunk.num_rows - budget
-            yield chunk.slice(0, budget), _Mark(mark.number, mark.done - cut, mark.rows)
+            yield chunk.slice(0, budget), _Mark(mark.number, mark.done - cut, mark.rows, end)
             return
         budget -= chunk.num_rows
+        if budget == 0:
+            held = chunk, mark  # is anything left to skip? the next chunk tells
+            continue
         yield chunk, mark
+    if held is not None:
+        yield held
 
 
 def _units_from(unit_rows: Sequence[int], units: range, row: int) -> tuple[range, int]:
@@ -128,14 +141,21 @@ def _units_from(unit_rows: Sequence[int], units: range, row: int) -> tuple[range
 
 
 class _Mark(NamedTuple):
-    """Piece ``number`` has ``done`` of its ``rows`` rows read at the end of a chunk."""
+    """Piece ``number`` has ``done`` of its ``rows`` rows read at the end of a chunk.
+
+    ``end``, when set, is the position the chunk's last row stands for instead: the end of the
+    stream, when an evened-out epoch skips the stream's remaining rows.
+    """
 
     number: int
     done: int
     rows: int
+    end: Position | None = None
 
     def position(self, unread: int = 0) -> Position:
         """The stream position ``unread`` rows before this mark; a full piece rolls over."""
+        if unread == 0 and self.end is not None:
+            return self.end
         done = self.done - unread
         return (self.number + 1, 0) if done == self.rows else (self.number, done)
 
