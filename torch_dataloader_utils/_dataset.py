@@ -15,6 +15,7 @@ from ._config import DEFAULT_SPLIT_BYTES, DatasetConfig
 from ._convert import convert, converted_row_bytes
 from ._formats import get_format
 from ._index import build_index
+from ._packing import batch_parts, chunk_parts, run_sizes, send
 from ._plan import (
     Consumed,
     EpochPlan,
@@ -36,7 +37,7 @@ from ._state import (
 )
 from ._storage import Storage
 from ._stream import Position, Run, read_stream
-from ._transport import Packet, SharedSlots, pack, tensor_bytes
+from ._transport import Packet, SharedSlots
 from ._world import World, detect_ranks, detect_worker
 
 if TYPE_CHECKING:
@@ -47,8 +48,6 @@ __all__ = ["StructuredDataset"]
 # Decoded chunks a main-process stream reads ahead, in a thread, of the batch being converted.
 # Worker streams do not: the DataLoader already overlaps them with the main process.
 _READ_AHEAD = 2
-# A worker's packets grow 1, 2, 4, ... batches (a fast first batch) up to this many.
-_MAX_PACKET_BATCHES = 64
 
 
 @dataclass(frozen=True)
@@ -74,24 +73,6 @@ class _Iteration:
 
     start: _Start
     slots: SharedSlots | None = None
-
-
-# What a packet is made of: parts (chunks or batches), rows per batch, positions, is-last.
-_Parts = tuple[list[Any], list[int] | list[dict[str, int]], list[Position], bool]
-
-
-def _doubling(cap: int) -> Iterator[int]:
-    """1, 2, 4, ... then ``cap`` forever: a fast first batch, then few large packets."""
-    size = 1
-    while True:
-        yield min(size, cap)
-        size *= 2
-
-
-def _lengths(batches: list[Any]) -> list[dict[str, int]] | list[int]:
-    if all(isinstance(b, dict) for b in batches):
-        return [{k: len(v) for k, v in b.items()} for b in batches]
-    return [len(b) for b in batches]
 
 
 class StructuredDataset(torch.utils.data.IterableDataset[Any]):
@@ -340,45 +321,16 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             yield batch
 
     def _packets(self, worker: int, progress: Progress, slots: SharedSlots) -> Iterator[Packet]:
-        """Packets of 1, 2, 4, ... batches; the last packet (maybe empty) ends the stream.
-
-        Without a transform, a packet converts whole decoded chunks at once, so no per-batch
-        work happens in the worker; tensors view Arrow's buffers until packed into the ring.
-        """
-        generation = slots.generation()
-        if self._config.transform is None:
-            items = self._chunk_packets(worker, progress, slots.slot_bytes)
-        else:
-            items = self._batch_packets(worker, progress, slots.slot_bytes)
-        for parts, lengths, positions, last in items:
-            slot = slots.acquire(worker, generation)
-            if slot is None:  # the main process ended the iteration
-                return
-            yield pack(slots, worker, slot, parts, lengths, positions, last=last)
-
-    def _chunk_packets(self, worker: int, progress: Progress, slot_bytes: int) -> Iterator[_Parts]:
+        """The stream as packets for ``StructuredDataLoader``; the last (maybe empty) ends it."""
         config = self._config
-        batch_bytes = max(1, config.batch_size * converted_row_bytes(self._index.schema))
-        sizes = _doubling(max(1, min(_MAX_PACKET_BATCHES, slot_bytes // batch_bytes)))
-        for run in self._read(worker, progress, sizes):
-            parts = [convert(chunk, config.output, copy=False) for chunk in run.chunks]
-            yield parts, run.lengths, run.positions, False
-        yield [], [], [], True
-
-    def _batch_packets(self, worker: int, progress: Progress, slot_bytes: int) -> Iterator[_Parts]:
-        batches: list[Any] = []
-        positions: list[Position] = []
-        sizes, nbytes = _doubling(_MAX_PACKET_BATCHES), 0
-        size = next(sizes)
-        for batch, position in self._batches(worker, progress, copy=False):
-            more = tensor_bytes(batch)
-            if batches and (len(batches) >= size or nbytes + more > slot_bytes):
-                yield batches, _lengths(batches), positions, False
-                batches, positions, nbytes, size = [], [], 0, next(sizes)
-            batches.append(batch)
-            positions.append(position)
-            nbytes += more
-        yield batches, _lengths(batches), positions, True
+        if config.transform is None:
+            batch_bytes = config.batch_size * converted_row_bytes(self._index.schema)
+            runs = self._read(worker, progress, run_sizes(batch_bytes, slots.slot_bytes))
+            # Tensors may view Arrow's buffers: packing copies them into the slot.
+            parts = chunk_parts(runs, lambda chunk: convert(chunk, config.output, copy=False))
+        else:
+            parts = batch_parts(self._batches(worker, progress, copy=False), slots.slot_bytes)
+        return send(parts, slots, worker)
 
     def _batches(
         self, worker: int, progress: Progress, *, copy: bool = True
