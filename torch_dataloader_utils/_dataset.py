@@ -81,7 +81,11 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
     Files are cut into splits of at most ``split_bytes`` stored bytes on row-group / record-batch
     boundaries, ordered per epoch (shuffled with ``shuffle_seed`` if ``shuffle``) and dealt
     round-robin to ranks, then DataLoader workers. ``state_dict()`` records what has been
-    delivered by content; ``load_state_dict()`` continues exactly there. See ``docs/``.
+    delivered by content; ``load_state_dict()`` continues exactly there.
+
+    ``even_batches`` (default: on when ``world_size > 1``) makes every rank yield the same
+    number of batches, as DDP needs, by leaving out the rows past the fewest any rank has.
+    Arguments are described in ``docs/usage.md``; the state in ``docs/checkpoints.md``.
     """
 
     def __init__(
