@@ -316,33 +316,34 @@ def report(
     done = second.events["done"]
     first_batch = second.events["first_batch"]
     last = first.checkpoints[-1]
-    print("\n=========================== report ===========================")
-    print("throughput (training loop incl. the model step, num_workers=2):")
+    setup = second.events["start"]["setup_s"]
+    print("\n============================ report ============================")
+    print("throughput, training loop with the model step (num_workers=2, from iter() on):")
     print(
-        f"  first run   {killed_step['rows'] / killed_step['seconds']:12,.0f} rows/s "
-        f"({killed_step['rows']:,} rows until the kill)"
+        f"  first run   {killed_step['rows'] / killed_step['seconds']:12,.0f} rows/s"
+        f"  ({killed_step['rows']:,} rows until the kill)"
     )
     print(
-        f"  resumed run {done['rows'] / done['seconds']:12,.0f} rows/s "
-        f"({done['rows']:,} rows to the end of the epoch; final loss {done['loss']:.4f})"
+        f"  resumed run {done['rows'] / done['seconds']:12,.0f} rows/s"
+        f"  ({done['rows']:,} rows to the end of the epoch; final loss {done['loss']:.4f})"
+    )
+    print(f"checkpoint size: {last['bytes']:,} bytes on disk (model + optimizer + data state)")
+    print(f"  of which the data state: {last['data_state_json_bytes']:,} bytes as JSON")
+    print(
+        f"time to first batch after resume: {first_batch['since_load_s'] * 1e3:.0f} ms"
+        f"  (load_state_dict + starting 2 workers + first batch)"
     )
     print(
-        f"checkpoint: {last['bytes']:,} bytes on disk (model + optimizer + data state); "
-        f"data state alone {last['data_state_json_bytes']:,} bytes as JSON"
+        f"  {first_batch['since_process_s']:.2f} s from process start, of which "
+        f"{setup:.2f} s imports + dataset construction"
     )
+    print(f"rows in the dataset:                      {args.rows:12,}")
+    print(f"  delivered up to the last checkpoint:    {kept:12,}  (step {checkpoint['step']})")
+    print(f"  delivered after the resume:             {after.size:12,}")
     print(
-        f"time to first batch after resume: {first_batch['since_load_s'] * 1e3:.0f} ms "
-        f"(load_state_dict + starting 2 workers + first batch); "
-        f"{first_batch['since_process_s']:.2f} s from process start, of which imports + "
-        f"dataset construction {second.events['start']['setup_s']:.2f} s"
-    )
-    print(
-        f"rows: {args.rows:,} in the dataset = {kept:,} delivered up to the last checkpoint "
-        f"(step {checkpoint['step']}) + {after.size:,} delivered after the resume"
-    )
-    print(
-        f"      {discarded.size:,} rows delivered between that checkpoint and the kill are "
-        f"discarded from this count (their training steps died with the process)"
+        f"  discarded: delivered after that checkpoint, before the kill: {discarded.size:,}\n"
+        f"  (not counted: their training steps died with the process, and the resume\n"
+        f"  delivers them again)"
     )
     for name, ok in checks.items():
         print(f"  [{'ok' if ok else 'FAILED'}] {name}")
