@@ -249,3 +249,30 @@ def test_edited_progress_out_of_order_is_refused(mid_state):
         loader = _load(case, {**_with_done(state, bits), "partial": []})
         _harness.take(loader)
     assert "Likely cause:" in str(info.value)
+
+
+# ---------------------------------------------------------------------------- errors mid-epoch
+
+
+def _fail_on_333(batch):
+    if 333 in batch["id"].tolist():
+        raise RuntimeError("transform failed on row 333")
+    return batch
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_error_loses_and_repeats_nothing(parquet_dir, small_split, num_workers):
+    """After a failing batch, the state covers exactly what was handed out: a resume (with
+    the bug fixed) continues with the failed batch."""
+    case = {"path": str(parquet_dir), "batch_size": 10, "split_bytes": small_split,
+            "shuffle": True, "num_workers": num_workers}  # fmt: skip
+    full = _harness.run_epoch(case)
+    failing = next(k for k, b in enumerate(full) if 333 in b["id"][1])
+    loader, _ = _harness.make_loader({**case, "transform": _fail_on_333})
+    got = []
+    with pytest.raises(RuntimeError, match="row 333"):
+        for batch in loader:
+            got.append(_harness.canonical(batch))
+    state = _harness.json_round_trip(loader.state_dict())
+    assert len(got) <= failing and got == full[: len(got)]
+    assert _harness.resume(case, state) == full[len(got) :]

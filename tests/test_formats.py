@@ -84,10 +84,12 @@ def test_parquet_and_arrow_give_the_same_rows(tmp_path: Path, shuffle: bool):
     assert first["name"] == ("list", [f"r{i}" for i in first["id"][1]])
 
 
-def test_arrow_resume_is_exact(arrow_dir: Path):
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_arrow_resume_is_exact(arrow_dir: Path, num_workers: int):
     case = {"path": str(arrow_dir), "format": "arrow", "batch_size": 13, "split_bytes": 3000,
-            "shuffle": True}  # fmt: skip
+            "shuffle": True, "num_workers": num_workers}  # fmt: skip
     full = _harness.run_epoch(case)
+    assert sorted(_harness.ids(full)) == list(range(700))
     for k in (0, 9, len(full) - 1):
         _harness.assert_resume_exact(case, k, full=full)
 
