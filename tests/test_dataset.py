@@ -136,6 +136,36 @@ def test_plain_dataloader_yields_every_row_once(parquet_dir, small_split, num_wo
     assert set(counts.values()) == {1}
 
 
+def test_batches_larger_than_a_read_chunk(tmp_path: Path):
+    from _data import write_dataset
+
+    write_dataset(tmp_path, [20_000, 20_000], row_group_size=3000)
+    case = {"path": str(tmp_path), "batch_size": 17_000, "split_bytes": 1, "shuffle": True,
+            "num_workers": 2}  # fmt: skip
+    full = _harness.run_epoch(case)
+    sizes = sorted(len(b["id"][1]) for b in full)
+    assert sizes[2:] == [17_000, 17_000] and sum(sizes) == 40_000  # one short batch per worker
+    assert sorted(_harness.ids(full)) == list(range(40_000))
+    _harness.assert_resume_exact(case, 1, full=full)
+
+
+def test_checkpoint_iterating_the_dataset_itself(parquet_dir: Path, small_split: int):
+    """No loader: the dataset's own iterator records what it yielded."""
+    dataset = StructuredDataset(str(parquet_dir), batch_size=10, split_bytes=small_split,
+                                shuffle=True)  # fmt: skip
+    full = [ids_of(b) for b in dataset]
+    dataset = StructuredDataset(str(parquet_dir), batch_size=10, split_bytes=small_split,
+                                shuffle=True)  # fmt: skip
+    it = iter(dataset)
+    first = [ids_of(next(it)) for _ in range(13)]
+    state = _harness.json_round_trip(dataset.state_dict())
+    del it
+    again = StructuredDataset(str(parquet_dir), batch_size=10, split_bytes=small_split,
+                              shuffle=True)  # fmt: skip
+    again.load_state_dict(state)
+    assert first + [ids_of(b) for b in again] == full
+
+
 def test_invalid_options(parquet_dir: Path):
     for kwargs, match in [
         ({"batch_size": 0}, "batch_size must be a positive int"),
