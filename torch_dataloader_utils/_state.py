@@ -56,7 +56,7 @@ _KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "_even_batches": bool, "files": dict,
     "num_splits": int, "done": str, "partial": list, "base": (dict, type(None)), "cursor": int,
 }  # fmt: skip
-_ELASTIC_FIELDS = ("world_size", "rank", "num_workers")
+_ELASTIC_FIELDS = ("world_size", "rank", "num_workers", "even_batches")
 
 
 @dataclass(frozen=True)
