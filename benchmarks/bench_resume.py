@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import pickle
 import statistics
 import sys
@@ -289,6 +290,8 @@ def state_size(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # The package's index cache (parsed footers) lives beside the data, not in ~/.cache.
+    os.environ.setdefault("TDU_CACHE_DIR", str(Path(args.data) / "index_cache"))
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     root = Path(args.data)
     files = ensure_dataset(

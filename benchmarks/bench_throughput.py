@@ -245,6 +245,10 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # The package's index cache (parsed footers) lives beside the data, not in ~/.cache.
+    os.environ.setdefault(
+        "TDU_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(args.data)), "index_cache")
+    )
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
     files = ensure_dataset(

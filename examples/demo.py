@@ -264,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         f"dataset: {out / 'data'}: {len(files)} Parquet files, {args.rows:,} rows, "
         f"{size / 2**20:.0f} MiB"
     )
+    # The package's index cache (parsed footers) lives beside the data, not in ~/.cache.
+    os.environ.setdefault("TDU_CACHE_DIR", str(out / "index_cache"))
     run = out / "run"
     run.mkdir(parents=True, exist_ok=True)
     for stale in (CHECKPOINT, IDS):
