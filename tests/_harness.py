@@ -51,7 +51,9 @@ Case = Mapping[str, Any]
 def keep_even(batch: dict[str, Any]) -> dict[str, Any]:
     """A filtering transform: drops rows with an odd id (batches shrink, some become empty)."""
     keep = batch["id"] % 2 == 0
-    return {k: (v[keep] if isinstance(v, torch.Tensor) else _pick(v, keep)) for k, v in batch.items()}
+    return {
+        k: (v[keep] if isinstance(v, torch.Tensor) else _pick(v, keep)) for k, v in batch.items()
+    }
 
 
 def add_doubled(batch: dict[str, Any]) -> dict[str, Any]:
@@ -79,13 +81,14 @@ def make_loader(case: Case) -> tuple[StructuredDataLoader, StructuredDataset]:
 def canonical(batch: Any) -> dict[str, Any]:
     """A batch as ``{column: (dtype, values)}`` of plain Python values, NaN as the string."""
     if isinstance(batch, pa.RecordBatch):
-        return {n: (str(c.type), _plain(c.to_pylist())) for n, c in zip(batch.schema.names, batch.columns)}
+        return {
+            n: (str(c.type), _plain(c.to_pylist()))
+            for n, c in zip(batch.schema.names, batch.columns, strict=True)
+        }
     assert isinstance(batch, dict), f"unexpected batch type {type(batch).__name__}"
     out = {}
     for name, value in batch.items():
-        if isinstance(value, torch.Tensor):
-            out[name] = (str(value.dtype), _plain(value.tolist()))
-        elif isinstance(value, np.ndarray):
+        if isinstance(value, torch.Tensor | np.ndarray):
             out[name] = (str(value.dtype), _plain(value.tolist()))
         else:
             out[name] = (type(value).__name__, _plain(list(value)))

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
-
 from _data import write_dataset
+from hypothesis import HealthCheck, settings
 
 # Each multi-worker example forks DataLoader workers; keep property tests few and deadline-free.
 settings.register_profile(

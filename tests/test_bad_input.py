@@ -8,13 +8,13 @@ import os
 import zlib
 from pathlib import Path
 
+import _harness
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-import _harness
 from _data import rows_table, write_dataset, write_parquet
+
 from torch_dataloader_utils import (
     CheckpointMismatchError,
     DataSourceError,

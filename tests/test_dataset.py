@@ -6,12 +6,12 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+import _harness
 import pytest
 import torch
-
-import _harness
 from _data import ids_of
 from conftest import TOTAL_ROWS
+
 from torch_dataloader_utils import StructuredDataset
 
 

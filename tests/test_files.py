@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import _harness
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import _harness
 from torch_dataloader_utils import StructuredDataset
 
 ROWS = 300
@@ -54,8 +54,9 @@ def test_pandas_files(tmp_path: Path, compression: str):
         )  # fmt: skip
     meta = pq.ParquetFile(tmp_path / "0.parquet").metadata
     assert meta.num_row_groups == math.ceil(ROWS / 7)
-    assert meta.row_group(0).column(0).compression == compression.upper().replace("NONE",
-                                                                                  "UNCOMPRESSED")
+    assert meta.row_group(0).column(0).compression == compression.upper().replace(
+        "NONE", "UNCOMPRESSED"
+    )
     case = {"path": str(tmp_path), "batch_size": 32, "split_bytes": 1, "shuffle": True,
             "num_workers": 2}  # fmt: skip
     full = _harness.run_epoch(case)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import _harness
 import pyarrow as pa
 import pyarrow.ipc
 import pyarrow.parquet as pq
 import pytest
-
-import _harness
 from _data import rows_table, write_arrow, write_parquet
+
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils._formats import get_format
 

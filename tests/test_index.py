@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-
 from _data import rows_table, write_dataset, write_parquet
+
 from torch_dataloader_utils import SchemaMismatchError
 from torch_dataloader_utils._formats import get_format
 from torch_dataloader_utils._index import MAX_FILE_GROUPS, build_index

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import _harness
+import pytest
 from conftest import TOTAL_ROWS
+
 from torch_dataloader_utils import StructuredDataLoader, StructuredDataset
 
 

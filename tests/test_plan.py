@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -61,7 +63,7 @@ def test_splits_cover_every_row_of_every_file_once_in_order(layout, split_bytes)
 def test_splits_are_greedy(layout, split_bytes):
     """A split ends only where the next unit would break the bound."""
     splits = _cut(layout, split_bytes)
-    for a, b in zip(splits, splits[1:], strict=False):
+    for a, b in itertools.pairwise(splits):
         if a.file == b.file and a.units.stop == b.units.start:
             size = sum(layout[a.file][u][0] for u in a.units)
             assert size + layout[b.file][b.units.start][0] > split_bytes

@@ -6,13 +6,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 import _harness
+import pytest
 from _data import write_dataset
 from conftest import TOTAL_ROWS
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def _case(parquet_dir: Path, split: int, **kwargs):

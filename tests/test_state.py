@@ -13,9 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-
-import _harness
 from _data import write_dataset
+
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils._formats import FileMetadata
 from torch_dataloader_utils._index import DatasetIndex, IndexedFile

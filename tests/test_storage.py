@@ -8,8 +8,8 @@ from pathlib import Path
 
 import fsspec
 import pytest
-
 from _data import ids_of, rows_table, write_dataset, write_parquet
+
 from torch_dataloader_utils import DataSourceError, StructuredDataset
 from torch_dataloader_utils._storage import Storage
 
@@ -77,7 +77,7 @@ def test_missing_path_names_it(tmp_path: Path):
 
 def test_empty_directory_and_only_hidden_files(tmp_path: Path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="no data files under .*empty"):
+    with pytest.raises(FileNotFoundError, match=r"no data files under .*empty"):
         StructuredDataset(str(tmp_path / "empty"))
     (tmp_path / "hidden").mkdir()
     (tmp_path / "hidden" / "_SUCCESS").write_bytes(b"")
@@ -97,7 +97,7 @@ def test_storage_pickles(tmp_path: Path):
 
 
 def test_open_missing_file_is_data_source_error(tmp_path: Path):
-    with pytest.raises(DataSourceError, match="nope.parquet"):
+    with pytest.raises(DataSourceError, match=r"nope\.parquet"):
         Storage(str(tmp_path)).open(str(tmp_path / "nope.parquet"))
 
 

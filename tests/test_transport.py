@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import _harness
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-import _harness
 from torch_dataloader_utils import StructuredDataset
 
 ROWS = 900
@@ -94,9 +94,11 @@ def _as_tuple(batch: dict) -> tuple:
 def _ragged(batch: dict) -> dict:
     """Columns whose layout changes from batch to batch."""
     first = int(batch["id"][0])
-    return {"id": batch["id"], "extra": torch.zeros(first % 3 + 1)} if first % 2 else {
-        "id": batch["id"]
-    }
+    return (
+        {"id": batch["id"], "extra": torch.zeros(first % 3 + 1)}
+        if first % 2
+        else {"id": batch["id"]}
+    )
 
 
 def test_transforms_with_any_batch_type_cross_the_process_boundary(wide_dir: Path):
