@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,8 +20,17 @@ settings.register_profile(
 )
 settings.load_profile("tdu")
 
+_SESSION_CACHE = tempfile.mkdtemp(prefix="tdu-test-index-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+
 
 def pytest_configure(config: pytest.Config) -> None:
+    # One index cache for this test session, not the user's ~/.cache (tests may override it).
+    if "TDU_CACHE_DIR" not in os.environ:
+        os.environ["TDU_CACHE_DIR"] = _SESSION_CACHE
     # The machine has 2 cores; 3 workers are still what the tests mean to run.
     config.addinivalue_line(
         "filterwarnings", "ignore:This DataLoader will create .* worker processes:UserWarning"

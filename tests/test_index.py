@@ -97,3 +97,20 @@ def test_index_pickles_for_workers(tmp_path: Path):
     assert again.digest == index.digest
     assert again.splits == index.splits
     assert isinstance(again.schema, pa.Schema)
+
+
+def test_index_cache_on_and_off_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A checkpoint taken with a warm index cache resumes without it, and the other way round."""
+    import _harness
+
+    write_dataset(tmp_path / "data", [120, 80], row_group_size=10)
+    case = {"path": str(tmp_path / "data"), "batch_size": 9, "split_bytes": 1, "shuffle": True}
+    monkeypatch.setenv("TDU_CACHE_DIR", str(tmp_path / "cache"))
+    cold, warm = _index(tmp_path / "data"), _index(tmp_path / "data")
+    full = _harness.run_epoch(case)
+    state, _ = _harness.checkpoint_after(case, 6)
+    monkeypatch.setenv("TDU_INDEX_CACHE", "0")
+    off = _index(tmp_path / "data")
+    assert cold.digest == warm.digest == off.digest
+    assert cold.splits == warm.splits == off.splits
+    assert _harness.resume(case, state) == full[6:]
