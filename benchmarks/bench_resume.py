@@ -68,6 +68,11 @@ def make_loader(data: str | list[str], workers: int, **kwargs: Any) -> Any:
     )[0]
 
 
+def state_splits(dataset: StructuredDataset) -> int:
+    """Splits in the plan, from the state's documented ``num_splits`` field."""
+    return int(dataset.state_dict()["num_splits"])
+
+
 def json_copy(state: dict[str, Any]) -> dict[str, Any]:
     """The state as a checkpoint file would hold it (also proves it is JSON-safe)."""
     return json.loads(json.dumps(state))  # type: ignore[no-any-return]
@@ -266,7 +271,7 @@ def state_size(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     )
     build, loader = timed(lambda: make_loader(data, args.state_workers, split_bytes=1))
     dataset = loader.dataset
-    splits = len(dataset._index.splits)  # informational only
+    splits = state_splits(dataset)
     total = len(loader)
     start = time.perf_counter()
     state: dict[str, Any] = {}
@@ -298,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         root / "main", rows=args.rows, files=args.files, row_group_rows=args.row_group_rows
     )
     data = str(root / "main")
-    splits = len(StructuredDataset(data, split_bytes=args.split_bytes)._index.splits)
+    splits = state_splits(StructuredDataset(data, split_bytes=args.split_bytes))
     print(
         f"dataset: {data}: {len(files)} files, {args.rows:,} rows, {splits} splits "
         f"(split_bytes={args.split_bytes:,}), batch_size={BATCH}, shuffle=True"
