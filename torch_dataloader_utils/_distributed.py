@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from ._errors import CheckpointMismatchError, InvalidStateError
-from ._state import check_setting, stored_split
+from ._state import check_coverage, check_setting, stored_split
 
 __all__ = ["gather_states", "scatter_states"]
 
@@ -177,10 +177,10 @@ def _checked_list(
     states: list[Mapping[str, Any]], world_size: int, group_size: int
 ) -> list[Mapping[str, Any]]:
     """Non-elastic: one state per rank, in rank order, of a job with this ``world_size``."""
-    _check_coverage(states)
+    check_coverage(states)
     _check_order(states)
     old_world = states[0]["_world_size"]
-    check_setting("world_size", old_world, world_size, _split_of(states[0]))
+    check_setting("world_size", old_world, world_size, stored_split(states[0]))
     if group_size != world_size:
         raise ValueError(
             f"restore_state_global scatters over the default process group of {group_size} "
@@ -196,28 +196,11 @@ def _own_state(states: list[Mapping[str, Any]], rank: int, world_size: int) -> M
     return own
 
 
-def _check_coverage(states: list[Mapping[str, Any]]) -> None:
-    """One state per old rank, exactly once (the message style of ``merge_states``)."""
-    ranks = sorted(s["_rank"] for s in states)
-    world_size = states[0]["_world_size"]
-    if ranks == list(range(world_size)) and {s["_world_size"] for s in states} == {world_size}:
-        return
-    missing = sorted(set(range(world_size)) - set(ranks))
-    duplicated = sorted({r for r in ranks if ranks.count(r) > 1})
-    raise CheckpointMismatchError(
-        f"the states do not cover the old job's ranks exactly once: ranks {ranks} for "
-        f"world_size={world_size} (missing {missing}, duplicated {duplicated})."
-        f"\nLikely cause: states list incomplete: checkpoint=world_size {world_size}, "
-        f"current={len(states)} states",
-        split=_split_of(states[0]), field="rank", expected=list(range(world_size)), found=ranks,
-    )  # fmt: skip
-
-
 def _check_order(states: list[Mapping[str, Any]]) -> None:
     """``states[r]`` must be rank ``r``'s, as the gathers return them."""
     for index, state in enumerate(states):
         if state["_rank"] != index:
-            split = _split_of(state)
+            split = stored_split(state)
             raise CheckpointMismatchError(
                 f"the states are not in rank order: states[{index}] is the state of rank "
                 f"{state['_rank']} (stored split {split}). Pass the list as save_state_global "
@@ -233,7 +216,7 @@ def _check_owner(state: Mapping[str, Any], rank: int) -> None:
     owner = state["_rank"]
     if owner == rank:
         return
-    split = _split_of(state)
+    split = stored_split(state)
     raise CheckpointMismatchError(
         f"the state of rank {owner} was handed to rank {rank}: stored split {split} belongs to "
         f"rank {owner}'s stream. Pass the list in rank order, as save_state_global or "
@@ -241,10 +224,3 @@ def _check_owner(state: Mapping[str, Any], rank: int) -> None:
         f"\nLikely cause: rank changed: checkpoint={owner}, current={rank}",
         split=split, field="rank", expected=owner, found=rank,
     )  # fmt: skip
-
-
-def _split_of(state: Mapping[str, Any]) -> str:
-    try:
-        return stored_split(state)
-    except (KeyError, TypeError, IndexError, AttributeError):
-        return "(unknown split)"

@@ -60,10 +60,11 @@ class Layout:
         i = bisect.bisect_right(self.split_starts, unit)
         return self.split_starts[i] if i < len(self.split_starts) else len(self.unit_spans)
 
-    def windows(self, unit: int, window: int = WINDOW, hole: int = HOLE) -> list[Span]:
+    def windows(self, unit: int, window: int | None = None, hole: int | None = None) -> list[Span]:
         """Byte windows covering units ``[unit, split_end)``: merged, each at most ``window``."""
+        window = WINDOW if window is None else window
         spans = sorted(s for u in range(unit, self.split_end(unit)) for s in self.unit_spans[u])
-        merged = _merge(spans, hole)
+        merged = _merge(spans, HOLE if hole is None else hole)
         return [(start, min(start + window, b)) for a, b in merged for start in range(a, b, window)]
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "STATE_VERSION",
     "Progress",
     "Settings",
+    "check_coverage",
     "check_setting",
     "decode_consumed",
     "encode",
@@ -237,12 +238,15 @@ def check_setting(name: str, expected: object, found: object, split: str) -> Non
 
 
 def stored_split(state: Mapping[str, Any]) -> str:
-    partial = state["partial"]
-    if partial and isinstance(partial[0], list) and len(partial[0]) == 5:
-        path, offset, length = partial[0][:3]
-        return f"{path} rows [{offset}, {offset + length})"
-    groups = state["files"].get("groups") or [["(no files)"]]
-    return f"{groups[0][0]} (full file)"
+    """A split the state names, for messages: its first partial split, else its first file."""
+    try:
+        partial = state["partial"]
+        if partial and isinstance(partial[0], list) and len(partial[0]) == 5:
+            path, offset, length = partial[0][:3]
+            return f"{path} rows [{offset}, {offset + length})"
+        return f"{state['files']['groups'][0][0]} (full file)"
+    except (KeyError, TypeError, IndexError):
+        return "(no split named in the state)"
 
 
 def _check_files(state: Mapping[str, Any], index: DatasetIndex) -> None:
@@ -345,6 +349,24 @@ def _unpack_bits(text: str, count: int, key: str) -> np.ndarray:
     return bits[:count].astype(bool)
 
 
+def check_coverage(states: Sequence[Mapping[str, Any]]) -> None:
+    """One state per rank of the old job, each exactly once, all of one world size."""
+    ranks = sorted(s["_rank"] for s in states)
+    world_size = states[0]["_world_size"]
+    if ranks == list(range(world_size)) and {s["_world_size"] for s in states} == {world_size}:
+        return
+    missing = sorted(set(range(world_size)) - set(ranks))
+    duplicated = sorted({r for r in ranks if ranks.count(r) > 1})
+    raise CheckpointMismatchError(
+        f"the states do not cover the old job's ranks exactly once: ranks {ranks} for "
+        f"world_size={world_size} (missing {missing}, duplicated {duplicated})."
+        f"\nLikely cause: states list incomplete: checkpoint=world_size {world_size}, "
+        f"current={len(states)} states",
+        split=stored_split(states[0]), field="rank", expected=list(range(world_size)),
+        found=ranks,
+    )  # fmt: skip
+
+
 def merge_states(
     states: Sequence[Mapping[str, Any]], index: DatasetIndex, settings: Settings
 ) -> tuple[int, Consumed]:
@@ -353,19 +375,7 @@ def merge_states(
         raise InvalidStateError("no states given: pass one state per rank of the old job")
     for state in states:
         _check_shape(state)
-    ranks = sorted(s["_rank"] for s in states)
-    world_size = states[0]["_world_size"]
-    if ranks != list(range(world_size)) or {s["_world_size"] for s in states} != {world_size}:
-        missing = sorted(set(range(world_size)) - set(ranks))
-        duplicated = sorted({r for r in ranks if ranks.count(r) > 1})
-        raise CheckpointMismatchError(
-            f"the states do not cover the old job's ranks exactly once: ranks {ranks} for "
-            f"world_size={world_size} (missing {missing}, duplicated {duplicated})."
-            f"\nLikely cause: states list incomplete: checkpoint=world_size {world_size}, "
-            f"current={len(states)} states",
-            split=stored_split(states[0]), field="rank", expected=list(range(world_size)),
-            found=ranks,
-        )  # fmt: skip
+    check_coverage(states)
     epochs = sorted({s["epoch"] for s in states})
     if len(epochs) > 1:
         raise CheckpointMismatchError(
