@@ -69,6 +69,17 @@ def test_corrupted_row_group_raises_naming_the_split(tmp_path: Path):
     assert delivered == [list(range(0, 50)), list(range(50, 100))]
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_file_replaced_after_indexing_names_the_file(tmp_path: Path, num_workers: int):
+    write_dataset(tmp_path, [200, 200], row_group_size=20)
+    loader, _ = StructuredDataset.create_dataloader(
+        str(tmp_path), batch_size=50, split_bytes=1, num_workers=num_workers
+    )
+    write_parquet(tmp_path / "part-00001.parquet", rows_table(1000, 150), 7)
+    with pytest.raises(DataSourceError, match=r"part-00001\.parquet"):
+        list(loader)
+
+
 def test_schema_mismatch_names_both_files_and_the_field(tmp_path: Path):
     write_parquet(tmp_path / "a.parquet", rows_table(0, 10), 5)
     other = rows_table(10, 10).set_column(1, "x", pa.array([str(i) for i in range(10)]))

@@ -29,9 +29,13 @@ def test_resume_at_start_middle_and_end(parquet_dir, small_split, num_workers, s
         _harness.assert_resume_exact(case, k, full=full)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_checkpoint_at_the_end_resumes_empty_then_next_epoch(parquet_dir, small_split, num_workers):
-    case = _case(parquet_dir, small_split, num_workers=num_workers, shuffle=True)
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_checkpoint_at_the_end_resumes_empty_then_next_epoch(
+    parquet_dir, small_split, num_workers, drop_last
+):
+    case = _case(parquet_dir, small_split, num_workers=num_workers, shuffle=True,
+                 drop_last=drop_last, batch_size=7)  # fmt: skip
     full = _harness.run_epoch(case, 0)
     state, _ = _harness.checkpoint_after(case, len(full))
     assert state["epoch"] == 0

@@ -141,3 +141,18 @@ def test_memory_dataset_reads_every_row_and_resumes(memory_root: str):
 def test_memory_missing_path(memory_root: str):
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         StructuredDataset(f"{memory_root}/nothing-here")
+
+
+def test_the_same_files_named_differently_resume_each_other(tmp_path, monkeypatch):
+    """A checkpoint names files by content and display path; equivalent spellings agree."""
+    import _harness
+
+    root = tmp_path / "data"
+    write_dataset(root, [60, 60], row_group_size=10)
+    base = {"batch_size": 9, "split_bytes": 1, "shuffle": True}
+    full = _harness.run_epoch({**base, "path": str(root)})
+    state, _ = _harness.checkpoint_after({**base, "path": str(root)}, 5)
+    monkeypatch.chdir(tmp_path)
+    files = [str(root / "part-00000.parquet"), str(root / "part-00001.parquet")]
+    for path in (f"file://{root}", f"{root}/", "data", "./data", files, f"{root}/*.parquet"):
+        assert _harness.resume({**base, "path": path}, state) == full[5:], path
