@@ -150,6 +150,41 @@ def test_batch_size_one_and_batch_larger_than_the_dataset(parquet_dir, small_spl
     _harness.assert_resume_exact(huge, 1, full=full)
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_resume_rereads_at_most_one_unit(tmp_path, monkeypatch, fmt):
+    """O(1) resume: completed splits are not read; the split in progress is re-entered at the
+    row group / record batch holding its next row."""
+    from torch_dataloader_utils._formats import get_format
+
+    write_dataset(tmp_path, [230, 170, 300], row_group_size=16, format=fmt)
+    case = {
+        "path": str(tmp_path),
+        "format": fmt,
+        "batch_size": 10,
+        "split_bytes": 10**9,
+        "shuffle": False,
+    }  # one split per file: the split in progress is mid-file
+    full = _harness.run_epoch(case)
+    state, _ = _harness.checkpoint_after(case, 45)  # row 450: file 2, row 50 (unit 3)
+    assert [p[1:3] for p in state["partial"]] == [[0, 300]]
+    assert state["partial"][0][4] == 50
+
+    read: list[tuple[int, int]] = []  # (first unit, rows decoded) per read_units call
+    original = type(get_format(fmt)).read_units
+
+    def counting(self, source, metadata, units, columns, batch_rows):
+        rows = 0
+        for batch in original(self, source, metadata, units, columns, batch_rows):
+            rows += batch.num_rows
+            yield batch
+        read.append((units.start, rows))
+
+    monkeypatch.setattr(type(get_format(fmt)), "read_units", counting)
+    assert _harness.resume(case, state) == full[45:]
+    assert read[0][0] == 3  # unit 3 holds row 50 of the file
+    assert sum(rows for _, rows in read) - (700 - 450) < 16  # re-read less than one unit
+
+
 # ---------------------------------------------------------------------------- property
 
 
@@ -167,6 +202,7 @@ def shapes(draw):
         "point": draw(st.floats(0, 1)),
         "world": draw(st.sampled_from([(0, 1), (0, 1), (0, 2), (1, 2), (2, 3)])),
         "even_batches": draw(st.booleans()),
+        "format": draw(st.sampled_from(["parquet", "parquet", "arrow"])),
     }
 
 
@@ -175,9 +211,10 @@ def shapes(draw):
 def test_property_resume_is_the_uninterrupted_continuation(shape):
     root = Path(tempfile.mkdtemp(prefix="tdu-prop-"))
     try:
-        write_dataset(root, shape["rows"], row_group_size=shape["row_group"])
+        write_dataset(root, shape["rows"], row_group_size=shape["row_group"],
+                      format=shape["format"])  # fmt: skip
         case = {
-            "path": str(root), "batch_size": shape["batch_size"],
+            "path": str(root), "format": shape["format"], "batch_size": shape["batch_size"],
             "num_workers": shape["num_workers"], "shuffle": shape["shuffle"],
             "shuffle_seed": shape["seed"], "split_bytes": shape["split_bytes"],
             "drop_last": shape["drop_last"], "rank": shape["world"][0],
