@@ -40,13 +40,15 @@ def ensure_dataset(
     files: int,
     row_group_rows: int,
     seed: int = 0,
+    compression: str = "snappy",
     quiet: bool = False,
 ) -> list[str]:
     """Parquet files ``part-00000.parquet``… under ``directory`` with columns ``id`` (int64,
-    0..rows-1 in file order), ``x`` (float64) and ``y`` (float32); reused when the manifest
-    matches, regenerated otherwise. Returns the sorted file paths."""
+    0..rows-1 in file order), ``x`` (float64) and ``y`` (float32), written with ``compression``;
+    reused when the manifest matches, regenerated otherwise. Returns the sorted file paths."""
     root = Path(directory)
-    wanted = {"rows": rows, "files": files, "row_group_rows": row_group_rows, "seed": seed}
+    wanted: dict[str, Any] = {"rows": rows, "files": files, "row_group_rows": row_group_rows}
+    wanted |= {"seed": seed, "compression": compression}
     manifest = root / _MANIFEST
     if manifest.exists() and json.loads(manifest.read_text()) == wanted:
         found = parquet_files(root)
@@ -61,7 +63,7 @@ def ensure_dataset(
     return parquet_files(root)
 
 
-def _write_files(root: Path, wanted: dict[str, int], quiet: bool) -> None:
+def _write_files(root: Path, wanted: dict[str, Any], quiet: bool) -> None:
     rows, files = wanted["rows"], wanted["files"]
     bounds = np.linspace(0, rows, files + 1).astype(np.int64)
     progress = _progress(files, f"writing {rows:,} rows to {root}", quiet)
@@ -77,7 +79,9 @@ def _write_files(root: Path, wanted: dict[str, int], quiet: bool) -> None:
         )
         path = root / f"part-{number:05d}.parquet"
         tmp = path.with_name("." + path.name + ".tmp")  # hidden until complete
-        pq.write_table(table, tmp, row_group_size=wanted["row_group_rows"])
+        pq.write_table(
+            table, tmp, row_group_size=wanted["row_group_rows"], compression=wanted["compression"]
+        )
         os.replace(tmp, path)
         progress.update(1)
     progress.close()

@@ -50,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=16_000_000, help="rows in the dataset")
     p.add_argument("--files", type=int, default=8, help="Parquet files")
     p.add_argument("--row-group-rows", type=int, default=131_072, help="rows per row group")
+    p.add_argument("--compression", default="snappy", help="Parquet codec of generated data")
     p.add_argument("--repeats", type=int, default=7, help="interleaved runs per contender")
     p.add_argument("--hf-rows", type=int, default=200_000, help="rows for the per-row HF path")
     p.add_argument("--hf-batched-rows", type=int, default=2_000_000, help="rows, batched HF path")
@@ -269,11 +270,15 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
     files = ensure_dataset(
-        args.data, rows=args.rows, files=args.files, row_group_rows=args.row_group_rows
+        args.data,
+        rows=args.rows,
+        files=args.files,
+        row_group_rows=args.row_group_rows,
+        compression=args.compression,
     )
     size = sum(os.path.getsize(f) for f in files)
     print(f"dataset: {args.data}: {len(files)} files, {args.rows:,} rows, {size / 2**20:.0f} MiB")
-    print(f"batch_size={BATCH}")
+    print(f"compression={args.compression}, batch_size={BATCH}")
     print(f"machine: {machine_note()}")
     raw_pyarrow(files, True)  # warm the page cache
     builds: dict[int, list[float]] = {0: [], 2: []}
