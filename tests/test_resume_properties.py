@@ -150,6 +150,36 @@ def test_batch_size_one_and_batch_larger_than_the_dataset(parquet_dir, small_spl
     _harness.assert_resume_exact(huge, 1, full=full)
 
 
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 0), (0, 2)])
+def test_elastic_resume_with_other_num_workers(parquet_dir, small_split, before, after):
+    """elastic=True re-deals the rest of the epoch to the new workers: every row once; a
+    checkpoint taken after the elastic resume resumes exactly."""
+    from torch_dataloader_utils import CheckpointMismatchError
+
+    case = _case(parquet_dir, small_split, num_workers=before, shuffle=True, batch_size=7)
+    state, first = _harness.checkpoint_after(case, 23)
+    moved = {**case, "num_workers": after}
+    loader, _ = _harness.make_loader(moved)
+    loader.load_state_dict([state], elastic=True)
+    rest = _harness.take(loader)
+    delivered = _harness.ids(first) + _harness.ids(rest)
+    assert sorted(delivered) == list(range(TOTAL_ROWS))
+
+    loader, _ = _harness.make_loader(moved)
+    loader.load_state_dict([state], elastic=True)
+    it = iter(loader)
+    middle = [_harness.canonical(next(it)) for _ in range(11)]
+    again = _harness.json_round_trip(loader.state_dict())
+    del it
+    assert middle == rest[:11]
+    assert again["base"] is not None
+    assert _harness.resume(moved, again) == rest[11:]
+
+    loader, _ = _harness.make_loader({**moved, "shuffle_seed": 99})
+    with pytest.raises(CheckpointMismatchError, match="shuffle_seed changed"):
+        loader.load_state_dict([state], elastic=True)
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
 def test_resume_rereads_at_most_one_unit(tmp_path, monkeypatch, fmt):
     """O(1) resume: completed splits are not read; the split in progress is re-entered at the
