@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 __all__ = [
     "SCHEMA",
     "ids_of",
+    "replace_parquet",
     "rows_table",
     "write_arrow",
     "write_dataset",
@@ -55,6 +56,21 @@ def write_parquet(
     **kwargs: object,
 ) -> str:
     pq.write_table(table, str(path), row_group_size=row_group_size, **kwargs)
+    return str(path)
+
+
+def replace_parquet(
+    path: str | os.PathLike[str], table: pa.Table, row_group_size: int, **kwargs: object
+) -> str:
+    """Rewrite ``path`` as writers should: a new file renamed over the old one.
+
+    Never rewrite a data file in place while a reader may still hold it: local files are
+    memory-mapped, and truncating a mapped file kills the reading process with SIGBUS.
+    """
+    path = Path(path)
+    tmp = path.with_name(f"_{path.name}.tmp")
+    write_parquet(tmp, table, row_group_size, **kwargs)
+    os.replace(tmp, path)
     return str(path)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _data import rows_table, write_dataset, write_parquet
+from _data import replace_parquet, rows_table, write_dataset, write_parquet
 
 from torch_dataloader_utils import (
     CheckpointMismatchError,
@@ -75,7 +75,7 @@ def test_file_replaced_after_indexing_names_the_file(tmp_path: Path, num_workers
     loader, _ = StructuredDataset.create_dataloader(
         str(tmp_path), batch_size=50, split_bytes=1, num_workers=num_workers
     )
-    write_parquet(tmp_path / "part-00001.parquet", rows_table(1000, 150), 7)
+    replace_parquet(tmp_path / "part-00001.parquet", rows_table(1000, 150), 7)
     with pytest.raises(DataSourceError, match=r"part-00001\.parquet"):
         list(loader)
 
@@ -221,7 +221,7 @@ def test_changed_file_content_is_drift(tmp_path: Path):
     state, _ = _harness.checkpoint_after(case, 5)
     # Rewrite one file: different values, same rows and row groups.
     table = rows_table(100, 100).set_column(1, "x", pa.array([-1.0] * 100))
-    write_parquet(root / "part-00001.parquet", table, 10)
+    replace_parquet(root / "part-00001.parquet", table, 10)
     error = _mismatch(case, state)
     assert error.field == "files"
     assert "part-00001.parquet" in str(error)
