@@ -121,17 +121,32 @@ def interleaved(
     return rates
 
 
-def cpu_report(cpu: dict[str, list[tuple[float, float]]], rows: int) -> dict[str, Any]:
-    """Median CPU seconds per million rows, main process and workers, per contender."""
-    print("\nCPU seconds per million rows (median; main process incl. its threads + workers):")
-    out = {}
-    for name, runs in cpu.items():
-        main = statistics.median(m for m, _ in runs) * 1e6 / rows
-        workers = statistics.median(w for _, w in runs) * 1e6 / rows
-        out[name] = {"main": main, "workers": workers}
+def cpu_report(
+    cpu: dict[str, list[tuple[float, float]]], runs: dict[str, list[float]], rows: int
+) -> dict[str, Any]:
+    """Median CPU seconds per million rows (main process, workers) and cores kept busy."""
+    print("\nCPU seconds per million rows (median; main process incl. its threads + workers)")
+    print("and cores kept busy (CPU time / wall time, median):")
+    out: dict[str, Any] = {}
+    for name, samples in cpu.items():
+        main = statistics.median(m for m, _ in samples) * 1e6 / rows
+        workers = statistics.median(w for _, w in samples) * 1e6 / rows
+        cores = statistics.median(
+            (m + w) * rate / rows for (m, w), rate in zip(samples, runs[name], strict=True)
+        )
+        out[name] = {"main": main, "workers": workers, "cores": cores}
         print(
             f"  {name:<22}main {main:6.3f}   workers {workers:6.3f}   total {main + workers:6.3f}"
+            f"   cores {cores:4.2f}"
         )
+    cores = os.cpu_count() or 1
+    w0, w2 = out["ours w0"], out["ours w2"]
+    ceiling = cores / (w2["main"] + w2["workers"]) / statistics.median(runs["ours w0"]) * 1e6
+    out["w2_over_w0_ceiling"] = ceiling
+    print(
+        f"  ceiling for ours(w2) / ours(w0) with {cores} idle cores at these CPU costs: "
+        f"{ceiling:.2f} (ours w0 already keeps {w0['cores']:.2f} cores busy)"
+    )
     return out
 
 
@@ -306,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in v
     }
     ratios = report(runs, hf, extra)
-    ratios["cpu_per_million_rows"] = cpu_report(cpu, args.rows)
+    ratios["cpu_per_million_rows"] = cpu_report(cpu, runs, args.rows)
     ratios["after_first_batch"] = after_first_batch(runs, firsts, args.rows)
     if args.plot:
         labels = [*runs, *hf]
