@@ -32,8 +32,8 @@ from ._retry import DEFAULT_RETRY, RetryPolicy, is_transient, retry_call
 
 __all__ = ["AHEAD", "HOLE", "WINDOW", "Layout", "RemoteFile", "parquet_layout"]
 
-WINDOW = 16 * 2**20
-AHEAD = 2
+WINDOW = 32 * 2**20
+AHEAD = 1
 HOLE = 1 * 2**20
 MIN_READ = 64 * 2**10
 _FETCH_THREADS = 4
@@ -130,6 +130,7 @@ class RemoteFile(io.RawIOBase):
         layout: Layout | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         redact: Callable[[str], str] = str,
+        prefetched: dict[Span, Future[bytes]] | None = None,
     ) -> None:
         super().__init__()
         self._fetch, self._size, self.name = fetch, size, name
@@ -138,6 +139,7 @@ class RemoteFile(io.RawIOBase):
         self._windows: list[Span] = []
         self._starts: list[int] = []
         self._futures: dict[int, Future[bytes]] = {}
+        self._prefetched = dict(prefetched or {})  # windows fetched before this file opened
         self._current = -1  # index of the window being read
         self._block: tuple[int, bytes] = (0, b"")  # the last small direct read, rounded up
         self.requests = 0
@@ -164,7 +166,9 @@ class RemoteFile(io.RawIOBase):
         self._pos = base + offset
         return self._pos
 
-    def read(self, size: int | None = -1) -> bytes:
+    def read(self, size: int | None = -1) -> Any:
+        """Up to ``size`` bytes from the position, as a zero-copy ``memoryview`` when they lie
+        in one fetched window (pyarrow wraps it without copying), else ``bytes``."""
         if self.closed:
             raise ValueError(f"read of closed file {self.name}")
         stop = self._size if size is None or size < 0 else min(self._size, self._pos + size)
@@ -175,7 +179,7 @@ class RemoteFile(io.RawIOBase):
         return data
 
     def readall(self) -> bytes:
-        return self.read(-1)
+        return bytes(self.read(-1))
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))
@@ -183,20 +187,21 @@ class RemoteFile(io.RawIOBase):
         return len(data)
 
     def close(self) -> None:
-        for future in self._futures.values():
+        for future in [*self._futures.values(), *self._prefetched.values()]:
             future.cancel()
         self._futures.clear()
+        self._prefetched.clear()
         super().close()
 
     # ------------------------------------------------------------------ reading
 
-    def _read_range(self, start: int, stop: int) -> bytes:
+    def _read_range(self, start: int, stop: int) -> bytes | memoryview:
         if self._layout is not None and not self._windows:
             self._plan_windows(start)
         window = self._window_of(start)
         if window is None:
             return self._direct(start, stop)
-        parts = []
+        parts: list[bytes | memoryview] = []
         pos = start
         while pos < stop:
             if window is None or window >= len(self._windows):
@@ -209,7 +214,7 @@ class RemoteFile(io.RawIOBase):
                 continue
             data = self._window_data(window)
             take = min(stop, b)
-            parts.append(data[pos - a : take - a])
+            parts.append(memoryview(data)[pos - a : take - a])
             pos, window = take, window + 1
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -236,19 +241,27 @@ class RemoteFile(io.RawIOBase):
         for ahead in range(window, min(window + AHEAD + 1, len(self._windows))):
             if ahead not in self._futures:
                 a, b = self._windows[ahead]
-                self._futures[ahead] = _fetch_pool().submit(self._get, a, b)
+                early = self._prefetched.pop((a, b), None)
+                self._futures[ahead] = early or _fetch_pool().submit(self._get, a, b)
         return self._futures[window].result()
 
-    def _direct(self, start: int, stop: int) -> bytes:
+    def prefetch(self, unit: int) -> dict[Span, Future[bytes]]:
+        """Start fetching the first windows of the split entered at ``unit``; for the next open."""
+        if self._layout is None:
+            return {}
+        windows = self._layout.windows(unit)[: AHEAD + 1]
+        return {(a, b): _fetch_pool().submit(self._get, a, b) for a, b in windows}
+
+    def _direct(self, start: int, stop: int) -> bytes | memoryview:
         """Bytes ``[start, stop)``; a small read is rounded up to ``MIN_READ`` and kept."""
         at, block = self._block
         if at <= start and stop <= at + len(block):
-            return block[start - at : stop - at]
+            return memoryview(block)[start - at : stop - at]
         if stop - start >= MIN_READ:
             return self._get(start, stop)
         end = min(self._size, max(stop, start + MIN_READ))
         self._block = (start, self._get(start, end))
-        return self._block[1][: stop - start]
+        return memoryview(self._block[1])[: stop - start]
 
     def _get(self, start: int, stop: int) -> bytes:
         def attempt() -> bytes:

@@ -84,6 +84,7 @@ class Storage:
         self._plans: dict[str, tuple[Any, tuple[int, ...]]] = {}
         self._columns: tuple[str, ...] | None = None
         self._layouts: dict[str, Layout | None] = {}
+        self._ahead: tuple[str, dict[Any, Any]] | None = None  # the next split, prefetched
         self._lock = threading.Lock()
 
     @property
@@ -100,6 +101,7 @@ class Storage:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_layouts"] = {}  # derived per process from the plans
+        state["_ahead"] = None
         del state["_lock"]
         return state
 
@@ -157,6 +159,15 @@ class Storage:
                 return pa.memory_map(path)
             except (OSError, ValueError) as exc:
                 raise DataSourceError(f"cannot open {path}: {exc}") from exc
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+        prefetched = ahead[1] if ahead is not None and ahead[0] == path else None
+        if ahead is not None and prefetched is None:
+            for future in ahead[1].values():
+                future.cancel()
+        return self._remote_file(path, prefetched)
+
+    def _remote_file(self, path: str, prefetched: dict[Any, Any] | None) -> RemoteFile:
         name = self.display(path)
         size = self._sizes.get(path)
         if size is None:
@@ -168,7 +179,24 @@ class Storage:
             layout=self._layout(path),
             retry=self.retry,
             redact=self.redact,
+            prefetched=prefetched,
         )
+
+    def prefetch(self, path: str, unit: int) -> None:
+        """Hint: the split of ``path`` that starts at unit ``unit`` is read next.
+
+        Its first windows are fetched in the background and handed to the next ``open`` of
+        ``path`` (one split ahead at most; a newer hint or another open drops an older one).
+        No-op for local files and files without a planned layout.
+        """
+        if self.is_local or self._layout(path) is None:
+            return
+        futures = self._remote_file(path, None).prefetch(unit)
+        with self._lock:
+            old, self._ahead = self._ahead, (path, futures)
+        if old is not None:
+            for future in old[1].values():
+                future.cancel()
 
     def _layout(self, path: str) -> Layout | None:
         """The read layout of ``path`` from its planned footer, computed once per process."""
