@@ -188,3 +188,24 @@ def test_memory_protocol_uses_planned_reads_and_resumes(memory_data: str):
     case = {"path": memory_data, "columns": ["id", "name"], "batch_size": 8, "split_bytes": 1,
             "shuffle": True, "num_workers": 2}  # fmt: skip
     _harness.assert_resume_exact(case, 5)
+
+
+def test_prefetch_hint_is_adopted_by_the_next_open(memory_data: str):
+    dataset = StructuredDataset(memory_data, split_bytes=1, batch_size=8)
+    storage, index = dataset._storage, dataset._index
+    split = index.splits[3]
+    path = index.files[split.file].path
+    storage.prefetch(path, split.units.start)
+    other = index.files[1 - split.file].path
+    storage.prefetch(other, 0)  # a newer hint replaces the older one
+    storage.prefetch(path, split.units.start)
+    source = storage.open(path)
+    assert isinstance(source, RemoteFile) and source._prefetched
+    early = dict(source._prefetched)
+    reader = pq.ParquetFile(source, metadata=index.files[split.file].metadata.footer)
+    table = reader.read_row_groups(list(split.units))
+    first = split.row_offset + (0 if split.file == 0 else 70)
+    assert table["id"].to_pylist() == list(range(first, first + split.row_length))
+    assert not source._prefetched  # used, not fetched again
+    assert all(f.done() for f in early.values())
+    assert storage.open(path)._prefetched == {}  # a hint serves one open
