@@ -64,6 +64,7 @@ def _fixed_bytes(kind: pa.DataType) -> int:
 
 
 def _tensor(array: pa.Array, name: str, copy: bool) -> Any:
+    array = _decoded(array)
     flat = _fixed_width(array, name)
     if flat is None:
         if pat.is_string(array.type) or pat.is_large_string(array.type):
@@ -79,6 +80,7 @@ def _tensor(array: pa.Array, name: str, copy: bool) -> Any:
 
 
 def _array(array: pa.Array, name: str) -> Any:
+    array = _decoded(array)
     flat = _fixed_width(array, name)
     if flat is None:
         if pat.is_string(array.type) or pat.is_large_string(array.type):
@@ -90,8 +92,7 @@ def _array(array: pa.Array, name: str) -> Any:
 
 def _fixed_width(array: pa.Array, name: str) -> tuple[pa.Array, tuple[int, ...]] | None:
     """A primitive array of the column's values and the shape to give them; ``None`` if none."""
-    if pat.is_dictionary(array.type):
-        array = array.dictionary_decode()
+    array = _decoded(array)
     kind = array.type
     if pat.is_temporal(kind):
         width = pa.int32() if kind.bit_width == 32 else pa.int64()
@@ -105,6 +106,10 @@ def _fixed_width(array: pa.Array, name: str) -> tuple[pa.Array, tuple[int, ...]]
     elif not pat.is_floating(kind):
         return None
     return array, (len(array),)
+
+
+def _decoded(array: pa.Array) -> pa.Array:
+    return array.dictionary_decode() if pat.is_dictionary(array.type) else array
 
 
 def _no_nulls(array: pa.Array, name: str) -> None:

@@ -13,6 +13,7 @@ import torch.utils.data
 
 from ._config import DEFAULT_SPLIT_BYTES, DatasetConfig
 from ._convert import convert, converted_row_bytes
+from ._errors import InvalidStateError
 from ._formats import get_format
 from ._index import build_index
 from ._packing import batch_parts, chunk_parts, run_sizes, send
@@ -213,7 +214,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         else:
             if not isinstance(state, Mapping):
                 raise TypeError(
-                    "load_state_dict takes one state dict; pass elastic=True for a list"
+                    f"load_state_dict takes a state dict, got {type(state).__name__}; a list "
+                    f"of every rank's states needs elastic=True"
                 )
             settings = self._settings(state.get("_num_workers", 0) if workers is None else workers)
             delivered, base = decode_consumed(state, self._index, settings)
@@ -308,6 +310,11 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         if start.checkpoint_workers is not None:
             check_setting(
                 "num_workers", start.checkpoint_workers, num_workers, start.checkpoint_split
+            )
+        if not 0 <= start.cursor < max(1, num_workers):
+            raise InvalidStateError(
+                f"state key 'cursor' is {start.cursor}, but there are {max(1, num_workers)} "
+                f"worker stream(s): the state is corrupted"
             )
         settings = self._settings(num_workers)
         plan = self._plan(start)

@@ -260,6 +260,12 @@ def _check_files(state: Mapping[str, Any], index: DatasetIndex) -> None:
     for old, new in zip(stored, current, strict=False):
         if old != new:
             raise _file_drift(old, new)
+    if len(stored) == len(current):  # same files, yet another plan: the state was altered
+        raise InvalidStateError(
+            f"state key 'num_splits' is {state['num_splits']!r} (files digest "
+            f"{files.get('digest')!r}), but these files make {len(index.splits)} splits with "
+            f"digest {index.digest!r}: the state is corrupted"
+        )
     old = stored[len(current)] if len(stored) > len(current) else ["(none)"] * 4
     new = current[len(stored)] if len(current) > len(stored) else ["(none)"] * 4
     raise _file_drift(old, new)

@@ -12,7 +12,6 @@ passwords) are scrubbed from every message this module produces.
 from __future__ import annotations
 
 import os
-import posixpath
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -153,10 +152,14 @@ class Storage:
         return list(entries.values())
 
     def open(self, path: str) -> Any:
-        """A pyarrow-readable handle: memory map for local files, ``RemoteFile`` otherwise."""
+        """A pyarrow-readable handle: a plain file locally, ``RemoteFile`` otherwise.
+
+        Not a memory map: a file truncated or rewritten under a mapping kills the process with
+        SIGBUS, where a read raises an error that names the file.
+        """
         if self.is_local:
             try:
-                return pa.memory_map(path)
+                return pa.OSFile(path)
             except (OSError, ValueError) as exc:
                 raise DataSourceError(f"cannot open {path}: {exc}") from exc
         with self._lock:
@@ -224,10 +227,14 @@ class Storage:
 
     def _list_item(self, item: str) -> list[FileEntry]:
         root = self.fs._strip_protocol(item)
-        if _GLOB_CHARS & set(item):
+        if _GLOB_CHARS & set(item) and not self.fs.exists(root):  # an existing path is literal
             found = self.fs.glob(root, detail=True)
-            infos = {p: i for p, i in found.items() if i.get("type") != "directory"}
-            infos = {p: i for p, i in infos.items() if not _hidden(posixpath.basename(p))}
+            base = len(_glob_base(root))
+            infos = {
+                p: i
+                for p, i in found.items()
+                if i.get("type") != "directory" and not _hidden(p[base:].lstrip("/"))
+            }
         elif self.is_local and os.path.isdir(root):
             entries = _walk_local(root)
             if not entries:
@@ -298,6 +305,12 @@ def _walk_local(root: str) -> list[FileEntry]:
                 entries.append(FileEntry(path, int(st.st_size), mtime, stamp))
     entries.sort(key=lambda e: e.path)
     return entries
+
+
+def _glob_base(pattern: str) -> str:
+    """The directory part of ``pattern`` before its first wildcard."""
+    first = min(pattern.index(c) for c in _GLOB_CHARS if c in pattern)
+    return pattern[:first].rpartition("/")[0]
 
 
 def _hidden(relative: str) -> bool:

@@ -90,7 +90,9 @@ def _read_chunks(
                         yield chunk, _Mark(number, done, piece_rows)
         except (OSError, pa.ArrowException) as exc:
             raise DataSourceError(
-                f"cannot read split {index.describe(int(pieces.splits[number]))}: {exc}"
+                f"cannot read split {index.describe(int(pieces.splits[number]))} (fingerprint "
+                f"{file.fingerprint}): {exc}. If the file changed since the dataset was built, "
+                f"build it again; a checkpoint of the old content will not load."
             ) from exc
         if done != piece_rows:
             raise DataSourceError(
