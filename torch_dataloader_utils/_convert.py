@@ -18,7 +18,8 @@ Nulls in integer, boolean or fixed-size-list columns have no tensor value; they 
 ``ValueError`` naming the column. Use ``output="arrow"`` to handle them yourself.
 
 Tensors share memory with Arrow (DLPack, no copy) when the format decodes into fresh memory
-(Parquet); otherwise (memory-mapped Arrow IPC, which is read-only) they are copied once.
+(Parquet); otherwise (Arrow IPC, whose buffers may view the bytes read from storage) they are
+copied once.
 numpy outputs are read-only views where Arrow allows it.
 """
 

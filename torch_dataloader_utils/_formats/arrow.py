@@ -1,7 +1,7 @@
 """Arrow IPC file format (Feather v2): units are record batches.
 
 The IPC footer locates batches but not their row counts, so indexing opens each batch once
-(zero-copy on memory-mapped local files). Unit sizes are in-memory bytes, which bound the
+(cheap for uncompressed files: no decoding). Unit sizes are in-memory bytes, which bound the
 on-storage size from above for compressed files.
 """
 
