@@ -1,9 +1,10 @@
 """Where files live: listing through fsspec, opening them for pyarrow, naming them in messages.
 
-Local files open as plain files (not memory maps). Every other protocol (``s3://``, ``gs://``, ``memory://``, ...)
-opens as a ``RemoteFile``: ranged GETs of exactly the bytes pyarrow needs, coalesced per split
-with a bounded read-ahead once ``plan_reads`` has told the storage the footers and projected
-columns (see ``_remote``), each retried on transient errors (see ``_retry``).
+Local files open as plain files (not memory maps). Every other protocol (``s3://``,
+``gs://``, ``memory://``, ...) opens as a ``RemoteFile``: ranged GETs of exactly the bytes
+pyarrow needs, coalesced per split with a bounded read-ahead once ``plan_reads`` has told the
+storage the footers and projected columns (see ``_remote``), each retried on transient errors
+(see ``_retry``).
 
 ``storage_options`` go to fsspec unchanged. Their secret values (keys, secrets, tokens,
 passwords) are scrubbed from every message this module produces.
