@@ -90,20 +90,16 @@ def main() -> None:
 
 
 def plot(path: str, cold: float, warm: float, files: int) -> None:
-    import matplotlib
+    from _bench_util import plot_bars
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3))
-    ax.bar(["cold", "warm (cache)"], [cold, warm], color=["grey", "C0"])
-    ax.axhline(0.5, color="red", linestyle="--", label="target 0.5 s")
-    ax.set_ylabel("seconds")
-    ax.set_title(f"building a dataset over {files:,} files")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    print(f"plot written to {path}")
+    plot_bars(
+        path,
+        f"building a dataset over {files:,} files",
+        ["cold (footers read)", "warm (index cache)"],
+        [cold, warm],
+        "seconds",
+        notes=["target: warm <= 0.5 s"],
+    )
 
 
 if __name__ == "__main__":
