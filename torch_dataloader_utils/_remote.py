@@ -103,6 +103,14 @@ _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
+def _reset_after_fork() -> None:
+    global _pool_lock, _pool
+    _pool_lock, _pool = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 def _fetch_pool() -> ThreadPoolExecutor:
     """One small fetch pool per process, created after fork (pools do not survive a fork)."""
     global _pool

@@ -92,11 +92,16 @@ class Storage:
         """The filesystem, rebuilt from its options in a forked child (fsspec's async
         filesystems refuse to run on a loop inherited through fork)."""
         if self._pid != os.getpid():
-            with self._lock:
-                if self._pid != os.getpid():
-                    rebuild, args = self._fs.__reduce__()[:2]
-                    self._fs, self._pid = rebuild(*args), os.getpid()
+            self._after_fork()
         return self._fs
+
+    def _after_fork(self) -> None:
+        """In a new process: fresh lock (a parent thread may have held the old one at fork),
+        no inherited prefetch, the filesystem rebuilt from its options."""
+        self._lock = threading.Lock()
+        self._ahead = None
+        rebuild, args = self._fs.__reduce__()[:2]
+        self._fs, self._pid = rebuild(*args), os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -163,6 +168,8 @@ class Storage:
                 return pa.OSFile(path)
             except (OSError, ValueError) as exc:
                 raise DataSourceError(f"cannot open {path}: {exc}") from exc
+        if self._pid != os.getpid():  # first use in a DataLoader worker, before any thread
+            self._after_fork()
         with self._lock:
             ahead, self._ahead = self._ahead, None
         prefetched = ahead[1] if ahead is not None and ahead[0] == path else None
