@@ -30,6 +30,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_throughput.py
 	$(PY) benchmarks/bench_resume.py
+	$(PY) benchmarks/bench_s3.py
+	$(PY) benchmarks/bench_index_cache.py
 
 clean:
 	rm -rf $(VENV) demo_output bench_output .pytest_cache .mypy_cache .hypothesis

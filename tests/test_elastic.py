@@ -260,5 +260,5 @@ def test_loading_another_ranks_state_says_whose(case: dict[str, Any]) -> None:
 
 def test_non_elastic_load_refuses_a_list(case: dict[str, Any]) -> None:
     _, states = job(case, 2, [3, 3])
-    with pytest.raises(TypeError, match="pass elastic=True for a list"):
+    with pytest.raises(TypeError, match="needs elastic=True"):
         take(case, 0, 2, None, states=states, elastic=False)

@@ -81,6 +81,8 @@ def _read_chunks(
         done = skip - int(pieces.starts[number])
         try:
             with storage.open(file.path) as source:
+                if number + 1 < len(pieces):  # object stores: fetch the next split meanwhile
+                    storage.prefetch(*_first_unit(index, pieces, number + 1))
                 for chunk in fmt.read_units(source, file.metadata, units, columns, read_rows):
                     if leading:
                         cut = min(leading, chunk.num_rows)
@@ -99,6 +101,14 @@ def _read_chunks(
                 f"split {index.describe(int(pieces.splits[number]))} yielded "
                 f"{done} of {piece_rows} rows: the file changed while reading"
             )
+
+
+def _first_unit(index: DatasetIndex, pieces: Pieces, number: int) -> tuple[str, int]:
+    """The file and first unit piece ``number`` reads."""
+    split = index.splits[int(pieces.splits[number])]
+    file = index.files[split.file]
+    row = split.row_offset + int(pieces.starts[number])
+    return file.path, _units_from(file.metadata.unit_rows, split.units, row)[0].start
 
 
 def _rows_before(index: DatasetIndex, pieces: Pieces, start: Position) -> int:
