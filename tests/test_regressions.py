@@ -6,6 +6,8 @@ import copy
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import _harness
@@ -15,7 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from _data import rows_table, write_dataset, write_parquet
 
-from torch_dataloader_utils import InvalidStateError, StructuredDataset
+from torch_dataloader_utils import CheckpointMismatchError, InvalidStateError, StructuredDataset
+from torch_dataloader_utils._distributed import scatter_states
+from torch_dataloader_utils._stream import prefetch
 
 
 def test_recursive_glob_skips_hidden_and_underscore_directories(tmp_path: Path):
@@ -43,19 +47,6 @@ def test_numpy_dictionary_strings_are_object_arrays(tmp_path: Path):
     assert isinstance(batch["d"], np.ndarray) and batch["d"].dtype == object
 
 
-def _cosmetic_arrow_output_schema_is_the_same_with_workers(tmp_path: Path):
-    values = pa.array([[i, i] for i in range(100)], pa.list_(pa.float32(), 2))
-    pq.write_table(pa.table({"id": list(range(100)), "v": values}), tmp_path / "a.parquet",
-                   row_group_size=10)  # fmt: skip
-    schemas = []
-    for workers in (0, 2):
-        loader, _ = StructuredDataset.create_dataloader(
-            str(tmp_path), batch_size=10, output="arrow", num_workers=workers, split_bytes=1
-        )
-        schemas.append(next(iter(loader)).schema)
-    assert schemas[0] == schemas[1] == pq.read_schema(tmp_path / "a.parquet")
-
-
 @pytest.mark.parametrize("cursor", [5, -1, 2])
 def test_corrupted_cursor_names_the_key(parquet_dir: Path, small_split: int, cursor: int):
     case = {"path": str(parquet_dir), "batch_size": 7, "split_bytes": small_split,
@@ -70,7 +61,7 @@ def test_corrupted_num_splits_names_the_key(parquet_dir: Path, small_split: int)
     case = {"path": str(parquet_dir), "batch_size": 7, "split_bytes": small_split}
     state, _ = _harness.checkpoint_after(case, 23)
     bad = {**state, "num_splits": state["num_splits"] + 1}
-    with pytest.raises(Exception, match="num_splits"):
+    with pytest.raises(InvalidStateError, match="num_splits"):
         _harness.resume(case, bad)
 
 
@@ -93,3 +84,55 @@ def test_rewriting_a_file_in_place_after_reading_does_not_crash(tmp_path: Path):
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+def test_abandoned_prefetch_leaves_no_thread_behind():
+    for _ in range(5):
+        items = prefetch(iter(range(3)), depth=2)
+        next(items)
+        items.close()  # the consumer goes while the producer waits on a full buffer
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _prefetch_threads():
+        time.sleep(0.05)
+    assert _prefetch_threads() == 0
+
+
+def _prefetch_threads() -> int:
+    return sum(t.name == "tdu-prefetch" and t.is_alive() for t in threading.enumerate())
+
+
+def test_non_elastic_global_restore_refuses_states_of_different_epochs(
+    parquet_dir: Path, small_split: int
+):
+    states = []
+    for rank, epoch in ((0, 3), (1, 4)):
+        _, dataset = StructuredDataset.create_dataloader(
+            str(parquet_dir), split_bytes=small_split, rank=rank, world_size=2,
+            even_batches=False,
+        )  # fmt: skip
+        dataset.set_epoch(epoch)
+        states.append(dataset.state_dict())
+    with pytest.raises(CheckpointMismatchError, match="different epochs") as err:
+        scatter_states(states, None, 1, 2, elastic=False)
+    assert err.value.field == "epoch"
+
+
+def test_partial_entry_of_wrong_types_names_the_key(parquet_dir: Path, small_split: int):
+    case = {"path": str(parquet_dir), "batch_size": 7, "split_bytes": small_split}
+    state, _ = _harness.checkpoint_after(case, 23)
+    assert state["partial"], "the checkpoint should hold a split in progress"
+    entry = state["partial"][0]
+    bad = {**state, "partial": [[entry[0], str(entry[1]), *entry[2:]]]}
+    with pytest.raises(InvalidStateError, match="partial entry"):
+        _harness.resume(case, bad)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_null_in_an_integer_column_names_the_split(tmp_path: Path, num_workers: int):
+    table = pa.table({"id": pa.array([1, None, 3], type=pa.int64())})
+    pq.write_table(table, tmp_path / "nulls.parquet")
+    loader, _ = StructuredDataset.create_dataloader(
+        str(tmp_path), batch_size=2, num_workers=num_workers
+    )
+    with pytest.raises(ValueError, match=r"nulls\.parquet rows \[0, 3\).*'id'"):
+        list(loader)

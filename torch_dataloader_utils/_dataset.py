@@ -338,7 +338,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             batch_bytes = config.batch_size * converted_row_bytes(self._index.schema)
             runs = self._read(worker, progress, run_sizes(batch_bytes, slots.slot_bytes))
             # Tensors may view Arrow's buffers: packing copies them into the slot.
-            parts = chunk_parts(runs, lambda chunk: convert(chunk, config.output, copy=False))
+            parts = chunk_parts(runs, lambda run: self._converted(run, progress, worker, False))
         else:
             parts = batch_parts(self._batches(worker, progress, copy=False), slots.slot_bytes)
         return send(parts, slots, worker)
@@ -347,11 +347,22 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         self, worker: int, progress: Progress, *, copy: bool = True
     ) -> Iterator[tuple[Any, Position]]:
         """Converted, transformed batches; ``copy=False`` when they are copied again anyway."""
-        config = self._config
+        transform = self._config.transform
         copy = copy and not self._format.decodes_into_new_memory
         for run in self._read(worker, progress, itertools.repeat(1)):
-            out = convert(run.batch(), config.output, copy=copy)
-            yield (out if config.transform is None else config.transform(out)), run.positions[0]
+            run.chunks = [run.batch()]
+            (out,) = self._converted(run, progress, worker, copy)
+            yield (out if transform is None else transform(out)), run.positions[0]
+
+    def _converted(self, run: Run, progress: Progress, worker: int, copy: bool) -> list[Any]:
+        """``run``'s chunks in the output type; a value error names the split it came from."""
+        try:
+            return [convert(chunk, self._config.output, copy=copy) for chunk in run.chunks]
+        except ValueError as exc:
+            count, rows = run.positions[-1]
+            pieces = progress.plan.stream(progress.settings.world(worker))
+            split = int(pieces.splits[count if rows else count - 1])
+            raise ValueError(f"split {self._index.describe(split)}: {exc}") from exc
 
     def _read(self, worker: int, progress: Progress, sizes: Iterator[int]) -> Iterator[Run]:
         config = self._config

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from ._errors import CheckpointMismatchError, InvalidStateError
-from ._state import check_coverage, check_setting, stored_split
+from ._state import check_coverage, check_same_epoch, check_setting, stored_split
 
 __all__ = ["gather_states", "scatter_states"]
 
@@ -178,6 +178,7 @@ def _checked_list(
 ) -> list[Mapping[str, Any]]:
     """Non-elastic: one state per rank, in rank order, of a job with this ``world_size``."""
     check_coverage(states)
+    check_same_epoch(states)
     _check_order(states)
     old_world = states[0]["_world_size"]
     check_setting("world_size", old_world, world_size, stored_split(states[0]))

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import pyarrow as pa
-
 from ._stream import Position, Run
 from ._transport import Packet, SharedSlots, pack, tensor_bytes
 
@@ -30,10 +28,10 @@ def run_sizes(batch_bytes: int, slot_bytes: int) -> Iterator[int]:
     return _doubling(max(1, min(_MAX_PACKET_BATCHES, slot_bytes // max(1, batch_bytes))))
 
 
-def chunk_parts(runs: Iterable[Run], convert: Callable[[pa.RecordBatch], Any]) -> Iterator[Parts]:
-    """One packet per run, from its decoded chunks; then an empty last packet."""
+def chunk_parts(runs: Iterable[Run], convert: Callable[[Run], list[Any]]) -> Iterator[Parts]:
+    """One packet per run, from its converted chunks; then an empty last packet."""
     for run in runs:
-        yield [convert(chunk) for chunk in run.chunks], run.lengths, run.positions, False
+        yield convert(run), run.lengths, run.positions, False
     yield [], [], [], True
 
 

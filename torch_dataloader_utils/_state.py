@@ -41,6 +41,7 @@ __all__ = [
     "Progress",
     "Settings",
     "check_coverage",
+    "check_same_epoch",
     "check_setting",
     "decode_consumed",
     "encode",
@@ -190,6 +191,8 @@ def _check_shape(state: object) -> None:
             raise InvalidStateError(
                 f"state key {key!r} must be {_type_name(kind)}, got {type(value).__name__}"
             )
+        if isinstance(value, int) and value < 0:
+            raise InvalidStateError(f"state key {key!r} must be >= 0, got {value}")
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
@@ -295,7 +298,13 @@ def _consumed(bits: str, partial: Sequence[Any], index: DatasetIndex, key: str) 
     }
     rows: dict[int, int] = {}
     for entry in partial:
-        if not (isinstance(entry, list) and len(entry) == 5):
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 5
+            and isinstance(entry[0], str)
+            and isinstance(entry[3], str)
+            and all(type(v) is int for v in (entry[1], entry[2], entry[4]))
+        ):
             raise InvalidStateError(
                 f"partial entry {entry!r}: expected [path, row_offset, row_length, "
                 f"fingerprint, rows_delivered]"
@@ -373,6 +382,18 @@ def check_coverage(states: Sequence[Mapping[str, Any]]) -> None:
     )  # fmt: skip
 
 
+def check_same_epoch(states: Sequence[Mapping[str, Any]]) -> None:
+    """Every rank's state from the same epoch (saved at the same step)."""
+    epochs = sorted({s["epoch"] for s in states})
+    if len(epochs) > 1:
+        raise CheckpointMismatchError(
+            f"the states come from different epochs {epochs}; save every rank at the same step."
+            f"\nLikely cause: epoch differs between ranks: checkpoint={epochs[0]}, "
+            f"current={epochs[-1]}",
+            split=stored_split(states[0]), field="epoch", expected=epochs[0], found=epochs[-1],
+        )  # fmt: skip
+
+
 def merge_states(
     states: Sequence[Mapping[str, Any]], index: DatasetIndex, settings: Settings
 ) -> tuple[int, Consumed]:
@@ -382,14 +403,7 @@ def merge_states(
     for state in states:
         _check_shape(state)
     check_coverage(states)
-    epochs = sorted({s["epoch"] for s in states})
-    if len(epochs) > 1:
-        raise CheckpointMismatchError(
-            f"the states come from different epochs {epochs}; save every rank at the same step."
-            f"\nLikely cause: epoch differs between ranks: checkpoint={epochs[0]}, "
-            f"current={epochs[-1]}",
-            split=stored_split(states[0]), field="epoch", expected=epochs[0], found=epochs[-1],
-        )  # fmt: skip
+    check_same_epoch(states)
     done = np.zeros(len(index.splits), dtype=bool)
     partial: dict[int, int] = {}
     for state in states:
@@ -397,4 +411,4 @@ def merge_states(
         done |= delivered.done
         for split, rows in delivered.partial.items():
             partial[split] = max(rows, partial.get(split, 0))
-    return epochs[0], Consumed(done, {s: r for s, r in partial.items() if not done[s]})
+    return states[0]["epoch"], Consumed(done, {s: r for s, r in partial.items() if not done[s]})

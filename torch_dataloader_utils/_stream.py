@@ -79,10 +79,10 @@ def _read_chunks(
         piece_rows = split.row_length - int(pieces.starts[number])
         units, leading = _units_from(file.metadata.unit_rows, split.units, split.row_offset + skip)
         done = skip - int(pieces.starts[number])
+        if number + 1 < len(pieces):  # object stores: fetch the next split meanwhile
+            storage.prefetch(*_first_unit(index, pieces, number + 1))
         try:
             with storage.open(file.path) as source:
-                if number + 1 < len(pieces):  # object stores: fetch the next split meanwhile
-                    storage.prefetch(*_first_unit(index, pieces, number + 1))
                 for chunk in fmt.read_units(source, file.metadata, units, columns, read_rows):
                     if leading:
                         cut = min(leading, chunk.num_rows)
@@ -245,20 +245,24 @@ def prefetch(items: Iterator[T], depth: int) -> Iterator[T]:
     buffer: queue.Queue[Any] = queue.Queue(depth)
     stop = threading.Event()
 
+    def put(entry: tuple[Any, BaseException | None]) -> bool:
+        """Hand ``entry`` over unless the consumer has gone; never block past that."""
+        while not stop.is_set():
+            try:
+                buffer.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        buffer.put((item, None), timeout=0.05)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put((item, None)):
                     return
-            buffer.put((_END, None))
+            put((_END, None))
         except BaseException as exc:  # re-raised in the consumer thread
-            buffer.put((_END, exc))
+            put((_END, exc))
 
     thread = threading.Thread(target=produce, name="tdu-prefetch", daemon=True)
     thread.start()

@@ -83,11 +83,12 @@ class SharedSlots:
         """
         flags = self._flags
         flags[0] += 1
-        flags[1:] = _FREE
         for worker in {w for w, _ in self._lent}:
             self._reclaim(worker)
+        fresh = np.full(len(flags) - 1, _FREE, dtype=flags.dtype)
         for worker, slot in self._lent:
-            flags[1 + worker * self.slots + slot] = _BUSY
+            fresh[worker * self.slots + slot] = _BUSY
+        flags[1:] = fresh  # one store: a lent slot never reads FREE in between
 
     def generation(self) -> int:
         return int(self._flags[0])
@@ -105,6 +106,9 @@ class SharedSlots:
             if len(free):
                 slot = int(free[0])
                 flags[first + slot] = _BUSY
+                if flags[0] != generation:  # a new iteration began meanwhile: not ours
+                    flags[first + slot] = _FREE
+                    return None
                 return slot
             time.sleep(0.0002)
         return None
