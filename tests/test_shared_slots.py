@@ -43,7 +43,7 @@ def test_kept_batches_survive_later_epochs(dataset_dir: Path, persistent: bool) 
 
 def test_slot_is_lent_until_its_views_are_gone() -> None:
     slots = SharedSlots(num_workers=1, slots=4, slot_bytes=1 << 12)
-    slots.begin()
+    slots.begin(fresh_epoch=0)
     first = slots.acquire(0, slots.generation())
     assert first is not None
     assert slots.lend_or_copy(0, first)
@@ -59,14 +59,35 @@ def test_slot_is_lent_until_its_views_are_gone() -> None:
     again = slots.acquire(0, slots.generation())
     assert slots.lend_or_copy(0, again), "the first slot came back once its view was dropped"
     assert set(slots._lent) == {(0, second), (0, again)}
-    assert np.count_nonzero(slots._flags[1:]) == 2
+    assert np.count_nonzero(slots._flags[2:]) == 2
     del other
 
 
 def test_waiting_worker_gives_up_when_the_iteration_ends() -> None:
     slots = SharedSlots(num_workers=1, slots=1, slot_bytes=1 << 12)
-    slots.begin()
+    slots.begin(fresh_epoch=0)
     generation = slots.generation()
     assert slots.acquire(0, generation) == 0
     slots.end()
     assert slots.acquire(0, generation) is None
+
+
+def test_persistent_workers_follow_set_epoch_without_a_restart(dataset_dir: Path) -> None:
+    loader, dataset = StructuredDataset.create_dataloader(
+        str(dataset_dir), batch_size=64, num_workers=2, shuffle=True, split_bytes=4096,
+        persistent_workers=True,
+    )
+    epochs = []
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        epochs.append(torch.cat([b["id"] for b in loader]).tolist())
+        if epoch == 0:
+            workers = loader._iterator
+    assert loader._iterator is workers, "the same worker processes served every epoch"
+    assert all(sorted(ids) == list(range(7500)) for ids in epochs)
+    assert epochs[0] != epochs[1] != epochs[2], "each epoch has its own order"
+    fresh, _ = StructuredDataset.create_dataloader(
+        str(dataset_dir), batch_size=64, num_workers=2, shuffle=True, split_bytes=4096
+    )
+    fresh.dataset.set_epoch(2)
+    assert torch.cat([b["id"] for b in fresh]).tolist() == epochs[2]

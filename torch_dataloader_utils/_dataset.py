@@ -276,7 +276,10 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             progress = self._begin_iteration(0)
             self._end_iteration_setup()
             return self._deliver(0, progress)
-        progress = self._begin(iteration.start, worker[1])
+        start = iteration.start
+        if iteration.slots is not None and (epoch := iteration.slots.fresh_epoch()) is not None:
+            start = _Start.fresh(epoch, len(self._index.splits))  # persistent worker, new epoch
+        progress = self._begin(start, worker[1])
         progress.positions = {worker[0]: progress.positions[worker[0]]}
         if iteration.slots is not None:
             return self._packets(worker[0], progress, iteration.slots)

@@ -43,8 +43,6 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
         dataset._num_workers = self.num_workers
         self._slots: SharedSlots | None = None
-        # Persistent workers are reused only for a fresh start of the epoch they were given.
-        self._workers_fresh_epoch: int | None = None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self.num_workers == 0:
@@ -54,16 +52,16 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
     def _unpacked(self) -> Iterator[Any]:
         """Batches in strict round-robin over workers from the cursor, whatever the packet sizes."""
         dataset = self.dataset
-        reuse = self.persistent_workers and self._iterator is not None
-        if not (reuse and self._slots is not None and self._workers_fresh_epoch == dataset.epoch
-                and dataset._starts_fresh()):  # fmt: skip
+        fresh = dataset._starts_fresh()
+        # Persistent workers learn a fresh epoch through the slots; a resume needs new workers,
+        # which take its start with their copy of the dataset.
+        slots = self._slots
+        if slots is None or not (fresh and self.persistent_workers and self._iterator is not None):
             if self._iterator is not None:
                 self._iterator._shutdown_workers()  # type: ignore[attr-defined]
                 self._iterator = None
-            self._slots = SharedSlots(self.num_workers)
-        slots = self._slots
-        slots.begin()
-        self._workers_fresh_epoch = dataset.epoch if dataset._starts_fresh() else None
+            slots = self._slots = SharedSlots(self.num_workers)
+        slots.begin(dataset.epoch if fresh else None)
         progress = dataset._begin_iteration(self.num_workers, slots)
         packets = super().__iter__()
         dataset._end_iteration_setup()

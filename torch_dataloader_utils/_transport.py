@@ -31,6 +31,7 @@ __all__ = ["Packet", "SharedSlots", "pack", "tensor_bytes"]
 
 _ALIGN = 64
 _FREE, _BUSY = 0, 1
+_GENERATION, _EPOCH, _FLAGS = 0, 1, 2  # positions in SharedSlots.control
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,9 @@ class SharedSlots:
     """``slots`` shared-memory buffers of ``slot_bytes`` per worker, and their flags.
 
     ``control[0]`` is the iteration's generation (a worker of an older one stops waiting);
-    ``control[1 + w * slots + s]`` is slot ``s`` of worker ``w``: free or busy.
+    ``control[1]`` the epoch when the iteration starts one afresh, else -1 (so persistent
+    workers follow ``set_epoch`` without a restart); ``control[2 + w * slots + s]`` is slot
+    ``s`` of worker ``w``: free or busy.
     """
 
     def __init__(self, num_workers: int, slots: int = 4, slot_bytes: int = 2 << 20) -> None:
@@ -68,7 +71,7 @@ class SharedSlots:
             ]
             for _ in range(num_workers)
         ]
-        self.control = torch.zeros(1 + num_workers * slots, dtype=torch.int64)
+        self.control = torch.zeros(_FLAGS + num_workers * slots, dtype=torch.int64)
         self.control.share_memory_()  # type: ignore[no-untyped-call]
         self._lent: dict[tuple[int, int], int] = {}  # main process: (worker, slot) -> use count
 
@@ -76,37 +79,44 @@ class SharedSlots:
     def _flags(self) -> np.ndarray:
         return self.control.numpy()
 
-    def begin(self) -> None:
+    def begin(self, fresh_epoch: int | None) -> None:
         """Main process, before workers (re)start: new generation; slots not lent are free.
 
-        Slots still viewed by batches of an earlier iteration stay lent until those go.
+        ``fresh_epoch`` is the epoch the iteration starts from its beginning, ``None`` for a
+        resume. Slots still viewed by batches of an earlier iteration stay lent until those go.
         """
         flags = self._flags
-        flags[0] += 1
+        flags[_GENERATION] += 1
+        flags[_EPOCH] = -1 if fresh_epoch is None else fresh_epoch
         for worker in {w for w, _ in self._lent}:
             self._reclaim(worker)
-        fresh = np.full(len(flags) - 1, _FREE, dtype=flags.dtype)
+        fresh = np.full(len(flags) - _FLAGS, _FREE, dtype=flags.dtype)
         for worker, slot in self._lent:
             fresh[worker * self.slots + slot] = _BUSY
-        flags[1:] = fresh  # one store: a lent slot never reads FREE in between
+        flags[_FLAGS:] = fresh  # one store: a lent slot never reads FREE in between
+
+    def fresh_epoch(self) -> int | None:
+        """Worker: the epoch this iteration starts afresh, ``None`` when it resumes."""
+        epoch = int(self._flags[_EPOCH])
+        return None if epoch < 0 else epoch
 
     def generation(self) -> int:
-        return int(self._flags[0])
+        return int(self._flags[_GENERATION])
 
     def end(self) -> None:
         """Main process: the iteration is over; workers still waiting for a slot give up."""
-        self._flags[0] += 1
+        self._flags[_GENERATION] += 1
 
     def acquire(self, worker: int, generation: int) -> int | None:
         """Worker: a free slot, marked busy; ``None`` once the iteration has ended."""
         flags = self._flags
-        first = 1 + worker * self.slots
-        while flags[0] == generation:
+        first = _FLAGS + worker * self.slots
+        while flags[_GENERATION] == generation:
             free = np.flatnonzero(flags[first : first + self.slots] == _FREE)
             if len(free):
                 slot = int(free[0])
                 flags[first + slot] = _BUSY
-                if flags[0] != generation:  # a new iteration began meanwhile: not ours
+                if flags[_GENERATION] != generation:  # a new iteration began: not ours
                     flags[first + slot] = _FREE
                     return None
                 return slot
@@ -127,7 +137,7 @@ class SharedSlots:
         return True
 
     def free(self, worker: int, slot: int) -> None:
-        self._flags[1 + worker * self.slots + slot] = _FREE
+        self._flags[_FLAGS + worker * self.slots + slot] = _FREE
 
     def _reclaim(self, worker: int) -> None:
         """Free the lent slots of ``worker`` whose views the training loop has dropped."""
