@@ -27,11 +27,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check torch_dataloader_utils
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)
-	$(PY) benchmarks/bench_throughput.py
-	$(PY) benchmarks/bench_resume.py
-	$(PY) benchmarks/bench_s3.py
-	$(PY) benchmarks/bench_index_cache.py
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,bench]"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_throughput.py --plot bench_output/throughput.png
+	$(PY) benchmarks/bench_resume.py --plot bench_output/resume.png
+	$(PY) benchmarks/bench_s3.py --plot bench_output/s3.png
+	$(PY) benchmarks/bench_index_cache.py --plot bench_output/index_cache.png
 
 clean:
 	rm -rf $(VENV) demo_output bench_output .pytest_cache .mypy_cache .hypothesis
