@@ -19,8 +19,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# The coverage floor only rises (97 % measured when it was set).
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest --cov --cov-fail-under=95
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
