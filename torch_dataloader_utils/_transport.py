@@ -256,7 +256,7 @@ def _join(values: list[Any], view: Any, offset: int, end: int) -> tuple[Any, int
         return [item for value in values for item in value], offset
     if isinstance(first, np.ndarray) and all(isinstance(v, np.ndarray) for v in values):
         return np.concatenate(values), offset
-    return _Parts(values), offset
+    return _Unjoined(values), offset
 
 
 def _concatenate(values: list[Any], target: torch.Tensor) -> None:
@@ -278,7 +278,7 @@ def _uniform(values: list[Any]) -> bool:
 
 
 @dataclass(frozen=True)
-class _Parts:
+class _Unjoined:
     """A column whose per-batch values could not be joined; kept one per batch."""
 
     values: list[Any]
@@ -286,7 +286,7 @@ class _Parts:
 
 def _cut(value: Any, lengths: list[int], view: Any, lend: bool, pin: bool) -> list[Any]:
     """A joined column cut back into per-batch values (slot views, or copies of them)."""
-    if isinstance(value, _Parts):
+    if isinstance(value, _Unjoined):
         return value.values
     if isinstance(value, _Slab):
         parts = torch.split(view(value), lengths)
