@@ -197,17 +197,19 @@ def test_resume_rereads_at_most_one_unit(tmp_path, monkeypatch, fmt):
     full = _harness.run_epoch(case)
     state, _ = _harness.checkpoint_after(case, 45)  # row 450: file 2, row 50 (unit 3)
     assert [p[1:3] for p in state["partial"]] == [[0, 300]]
-    assert state["partial"][0][4] == 50
+    assert state["partial"][0][4] == [0, 50]  # rows [0, 50) of the split delivered
 
     read: list[tuple[int, int]] = []  # (first unit, rows decoded) per read_units call
     original = type(get_format(fmt)).read_units
 
     def counting(self, source, metadata, units, columns, batch_rows):
         rows = 0
-        for batch in original(self, source, metadata, units, columns, batch_rows):
-            rows += batch.num_rows
-            yield batch
-        read.append((units.start, rows))
+        try:
+            for batch in original(self, source, metadata, units, columns, batch_rows):
+                rows += batch.num_rows
+                yield batch
+        finally:  # the reader may stop early, once its piece's rows are read
+            read.append((units.start, rows))
 
     monkeypatch.setattr(type(get_format(fmt)), "read_units", counting)
     assert _harness.resume(case, state) == full[45:]

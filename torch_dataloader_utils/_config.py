@@ -8,9 +8,18 @@ from typing import Any
 
 from ._convert import OUTPUTS
 
-__all__ = ["DEFAULT_SPLIT_BYTES", "DatasetConfig"]
+__all__ = [
+    "DEFAULT_SHUFFLE_MEMORY_BYTES",
+    "DEFAULT_SHUFFLE_WINDOW",
+    "DEFAULT_SPLIT_BYTES",
+    "DatasetConfig",
+]
 
 DEFAULT_SPLIT_BYTES = 128 * 2**20
+# Splits a stream mixes at once under shuffle=True, and the memory it may hold for them.
+DEFAULT_SHUFFLE_WINDOW = 32
+DEFAULT_SHUFFLE_MEMORY_BYTES = 256 * 2**20
+_MIN_SHUFFLE_MEMORY_BYTES = 2**20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,10 +33,13 @@ class DatasetConfig:
     output: str = "torch"
     transform: Callable[[Any], Any] | None = None
     drop_last: bool = False
+    shuffle_window: int | None = None
+    shuffle_memory_bytes: int = DEFAULT_SHUFFLE_MEMORY_BYTES
 
     def __post_init__(self) -> None:
         _positive_int("batch_size", self.batch_size)
         _positive_int("split_bytes", self.split_bytes)
+        self._check_shuffle_knobs()
         if not isinstance(self.shuffle_seed, int) or isinstance(self.shuffle_seed, bool):
             raise TypeError(f"shuffle_seed must be an int, got {self.shuffle_seed!r}")
         if self.output not in OUTPUTS:
@@ -38,6 +50,37 @@ class DatasetConfig:
             not self.columns or not all(isinstance(c, str) for c in self.columns)
         ):
             raise ValueError(f"columns must be a non-empty list of names, got {self.columns!r}")
+
+    @property
+    def window(self) -> int:
+        """Splits a stream mixes at once: 1 (read in order) without shuffle."""
+        if not self.shuffle:
+            return 1
+        return DEFAULT_SHUFFLE_WINDOW if self.shuffle_window is None else self.shuffle_window
+
+    def check_window(self, num_splits: int) -> None:
+        """An explicit window must not be wider than the data it mixes."""
+        if self.shuffle_window is not None and self.shuffle_window > num_splits:
+            raise ValueError(
+                f"shuffle_window={self.shuffle_window} is larger than the data: these files make "
+                f"{num_splits} split(s) of at most split_bytes={self.split_bytes}; pass at most "
+                f"{num_splits}, a smaller split_bytes, or leave shuffle_window unset"
+            )
+
+    def _check_shuffle_knobs(self) -> None:
+        if self.shuffle_window is not None:
+            _positive_int("shuffle_window", self.shuffle_window)
+            if not self.shuffle:
+                raise ValueError(
+                    f"shuffle_window={self.shuffle_window} mixes rows only with shuffle=True; "
+                    f"pass shuffle=True or drop shuffle_window"
+                )
+        _positive_int("shuffle_memory_bytes", self.shuffle_memory_bytes)
+        if self.shuffle_memory_bytes < _MIN_SHUFFLE_MEMORY_BYTES:
+            raise ValueError(
+                f"shuffle_memory_bytes={self.shuffle_memory_bytes} is below the minimum of "
+                f"{_MIN_SHUFFLE_MEMORY_BYTES} bytes (1 MiB) per stream"
+            )
 
     @staticmethod
     def columns_from(columns: Sequence[str] | None) -> tuple[str, ...] | None:

@@ -13,12 +13,16 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 from tqdm.auto import tqdm
 
 from ._cache import IndexCache, open_cache, warn_once
+from ._convert import converted_row_bytes
 from ._errors import DataSourceError, SchemaMismatchError
 from ._formats import FileFormat, FileMetadata
 from ._plan import Split, cut_splits
@@ -45,6 +49,16 @@ class DatasetIndex:
     files: tuple[IndexedFile, ...]
     splits: tuple[Split, ...]
     schema: pa.Schema
+
+    def row_bytes(self) -> int:
+        """Estimated decoded bytes per row of the projected columns (for memory budgets)."""
+        rows = sum(f.metadata.num_rows for f in self.files)
+        stored = sum(sum(f.metadata.unit_bytes) for f in self.files)
+        return max(converted_row_bytes(self.schema), -(-stored // max(1, rows)), 1)
+
+    @cached_property
+    def split_rows(self) -> npt.NDArray[np.int64]:
+        return np.array([s.row_length for s in self.splits], dtype=np.int64)
 
     @property
     def digest(self) -> str:

@@ -41,7 +41,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
                 f"pass batch_size/shuffle/drop_last to StructuredDataset or create_dataloader"
             )
         super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
-        dataset._num_workers = self.num_workers
+        dataset._loader_workers = self.num_workers
         self._slots: SharedSlots | None = None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
@@ -52,19 +52,20 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
     def _unpacked(self) -> Iterator[Any]:
         """Batches in strict round-robin over workers from the cursor, whatever the packet sizes."""
         dataset = self.dataset
-        fresh = dataset._starts_fresh()
+        start = dataset._next_start
         # Persistent workers learn a fresh epoch through the slots; a resume needs new workers,
         # which take its start with their copy of the dataset.
         slots = self._slots
-        if slots is None or not (fresh and self.persistent_workers and self._iterator is not None):
+        if slots is None or not (
+            start.is_fresh and self.persistent_workers and self._iterator is not None
+        ):
             if self._iterator is not None:
                 self._iterator._shutdown_workers()  # type: ignore[attr-defined]
                 self._iterator = None
             slots = self._slots = SharedSlots(self.num_workers)
-        slots.begin(dataset.epoch if fresh else None)
-        progress = dataset._begin_iteration(self.num_workers, slots)
-        packets = super().__iter__()
-        dataset._end_iteration_setup()
+        slots.begin(start.epoch if start.is_fresh else None)
+        with dataset._iteration(self.num_workers, slots) as progress:
+            packets = super().__iter__()
         waiting: dict[int, deque[tuple[Any, Position]]] = {
             w: deque() for w in range(self.num_workers)
         }

@@ -1,17 +1,19 @@
-"""Pure planning: cut files into splits, order them per epoch, deal them to streams.
+"""Pure planning: cut files into splits, order them per epoch, deal their rows to streams.
 
 Nothing here does I/O; everything is a function of integers, a seed and an epoch.
 
-A *stream* is one (rank, worker) pair; stream ``g = rank + world_size * worker`` of
-``S = world_size * num_workers``. Dealing round-robin to ranks and then to workers gives stream
-``g`` the pieces ``pieces[g::S]``.
-
-A *piece* is a split to read from a start row (0 unless an earlier run consumed a prefix).
+An epoch's *sequence* is the rows of its splits in the seeded order, minus what an earlier run
+already delivered (``base``). A *piece* is a row range of one split, so the sequence is a list of
+pieces. The sequence is dealt to the ``S = world_size * num_workers`` *streams* in contiguous
+shares that differ by at most one row; stream ``g = rank * num_workers + worker``. With
+``even`` every rank gets ``N // world_size`` rows, dealt to its workers alike on every rank, so
+every rank yields the same number of batches; the last ``N % world_size`` rows (fewer than
+``world_size``) are *left out* of the epoch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,18 +24,20 @@ from ._world import World
 
 __all__ = [
     "Consumed",
+    "Deal",
     "EpochPlan",
+    "IntArray",
+    "Intervals",
     "Pieces",
     "Split",
     "cut_splits",
     "epoch_order",
-    "even_row_budgets",
     "remaining_pieces",
-    "stream_pieces",
-    "stream_rows",
 ]
 
 IntArray = npt.NDArray[np.int64]
+# Sorted, disjoint, non-empty ``(lo, hi)`` row ranges relative to a split's first row.
+Intervals = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -48,25 +52,94 @@ class Split:
 
 @dataclass(frozen=True)
 class Pieces:
-    """Parallel arrays: piece ``i`` reads split ``splits[i]`` from its row ``starts[i]``."""
+    """Parallel arrays: piece ``i`` is rows ``[lo[i], hi[i])`` of split ``splits[i]``."""
 
     splits: IntArray
-    starts: IntArray
+    lo: IntArray
+    hi: IntArray
 
     def __len__(self) -> int:
         return len(self.splits)
 
+    @property
+    def rows(self) -> IntArray:
+        return self.hi - self.lo
+
+    def take(self, index: slice | IntArray) -> Pieces:
+        return Pieces(self.splits[index], self.lo[index], self.hi[index])
+
+    def rows_range(self, start: int, stop: int) -> Pieces:
+        """The pieces cut to rows ``[start, stop)`` of their concatenation."""
+        ends = np.cumsum(self.rows)
+        begins = ends - self.rows
+        first = int(np.searchsorted(ends, start, side="right"))
+        last = int(np.searchsorted(begins, stop, side="left"))
+        part = self.take(slice(first, last))
+        lo = part.lo + np.maximum(0, start - begins[first:last])
+        hi = part.hi - np.maximum(0, ends[first:last] - stop)
+        keep = hi > lo
+        return Pieces(part.splits[keep], lo[keep], hi[keep])
+
 
 @dataclass(frozen=True)
 class Consumed:
-    """What an epoch has delivered: ``done[s]`` for whole splits, ``partial[s]`` rows of others."""
+    """Rows an epoch has delivered: ``done[s]`` for whole splits, ``partial[s]`` of others."""
 
     done: npt.NDArray[np.bool_]
-    partial: Mapping[int, int]
+    partial: Mapping[int, Intervals]
 
     @classmethod
     def nothing(cls, num_splits: int) -> Consumed:
         return cls(np.zeros(num_splits, dtype=bool), {})
+
+    def is_empty(self) -> bool:
+        return not (self.done.any() or self.partial)
+
+    def plus(self, pieces: Pieces, split_rows: IntArray) -> Consumed:
+        """This plus the rows of ``pieces``; a split whose rows are all covered becomes done."""
+        done = self.done.copy()
+        whole = (pieces.lo == 0) & (pieces.hi == split_rows[pieces.splits])
+        fresh = whole & ~np.isin(pieces.splits, list(self.partial))
+        done[pieces.splits[fresh]] = True
+        ranges: dict[int, list[tuple[int, int]]] = {
+            s: list(v) for s, v in self.partial.items() if not done[s]
+        }
+        rest = np.flatnonzero(~fresh)
+        for s, lo, hi in zip(
+            pieces.splits[rest].tolist(), pieces.lo[rest].tolist(), pieces.hi[rest].tolist(),
+            strict=True,
+        ):  # fmt: skip
+            if not done[s]:
+                ranges.setdefault(s, []).append((lo, hi))
+        partial: dict[int, Intervals] = {}
+        for s, items in ranges.items():
+            merged = merge_intervals(items)
+            if merged == ((0, int(split_rows[s])),):
+                done[s] = True
+            else:
+                partial[s] = merged
+        return Consumed(done, partial)
+
+    def union(self, other: Consumed, split_rows: IntArray) -> Consumed:
+        pieces = _partial_pieces(other.partial)
+        return Consumed(self.done | other.done, self.partial).plus(pieces, split_rows)
+
+
+def merge_intervals(items: Iterable[tuple[int, int]]) -> Intervals:
+    """Sorted, disjoint union of ``(lo, hi)`` ranges; empty ranges vanish."""
+    merged: list[list[int]] = []
+    for lo, hi in sorted(i for i in items if i[1] > i[0]):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in merged)
+
+
+def _partial_pieces(partial: Mapping[int, Intervals]) -> Pieces:
+    items = [(s, lo, hi) for s, ranges in partial.items() for lo, hi in ranges]
+    arrays = np.array(items, dtype=np.int64).reshape(-1, 3).T
+    return Pieces(arrays[0], arrays[1], arrays[2])
 
 
 def cut_splits(
@@ -117,25 +190,76 @@ def _splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         return z ^ (z >> np.uint64(31))
 
 
-def remaining_pieces(order: IntArray, consumed: Consumed) -> Pieces:
-    """The epoch's pieces in ``order`` after what ``consumed`` already delivered."""
+def remaining_pieces(order: IntArray, consumed: Consumed, split_rows: IntArray) -> Pieces:
+    """The rows of the splits in ``order`` that ``consumed`` has not delivered, as pieces."""
     splits = order[~consumed.done[order]]
-    offsets = np.zeros(len(consumed.done), dtype=np.int64)
-    if consumed.partial:
-        offsets[list(consumed.partial)] = list(consumed.partial.values())
-    return Pieces(splits, offsets[splits])
+    hi = split_rows[splits].astype(np.int64)
+    if not consumed.partial:
+        return Pieces(splits, np.zeros(len(splits), dtype=np.int64), hi)
+    items: list[tuple[int, int, int]] = []
+    for split, length in zip(splits.tolist(), hi.tolist(), strict=True):
+        ranges = consumed.partial.get(split)
+        gaps = _gaps(ranges, length) if ranges else [(0, length)]
+        items.extend((split, a, b) for a, b in gaps)
+    arrays = np.array(items, dtype=np.int64).reshape(-1, 3).T
+    return Pieces(arrays[0], arrays[1], arrays[2])
 
 
-def stream_pieces(pieces: Pieces, world: World) -> Pieces:
-    """Round-robin to ranks, then workers: stream ``rank + world_size * worker`` of all."""
-    stream = world.rank + world.world_size * world.worker
-    step = world.world_size * world.num_workers
-    return Pieces(pieces.splits[stream::step], pieces.starts[stream::step])
+def _gaps(ranges: Intervals, length: int) -> list[tuple[int, int]]:
+    """The complement of ``ranges`` in ``[0, length)``."""
+    bounds = [0, *(v for r in ranges for v in r), length]
+    return [(a, b) for a, b in zip(bounds[::2], bounds[1::2], strict=True) if b > a]
+
+
+@dataclass(frozen=True)
+class Deal:
+    """The epoch's sequence cut into stream shares: stream ``g`` reads rows ``bounds[g:g+2]``.
+
+    Rows from ``bounds[-1]`` to the end of the sequence are left out (``even`` dealing only).
+    """
+
+    sequence: Pieces
+    bounds: IntArray
+
+    def share(self, stream: int) -> Pieces:
+        return self.sequence.rows_range(int(self.bounds[stream]), int(self.bounds[stream + 1]))
+
+    def left_out(self) -> Pieces:
+        return self.sequence.rows_range(int(self.bounds[-1]), int(self.sequence.rows.sum()))
+
+    @property
+    def shares(self) -> IntArray:
+        """Rows of every stream, in stream order."""
+        return np.diff(self.bounds)
+
+
+def deal(sequence: Pieces, *, world_size: int, num_workers: int, even: bool) -> Deal:
+    """Contiguous shares of ``sequence`` for ``world_size * num_workers`` streams.
+
+    Shares differ by at most one row. With ``even`` every rank gets ``N // world_size`` rows,
+    shared by its workers in the same pattern on every rank, so every rank yields the same
+    number of batches; the last ``N % world_size`` rows are left out.
+    """
+    total = int(sequence.rows.sum())
+    if even:
+        per_rank = total // world_size
+        sizes = np.tile(_spread(per_rank, num_workers), world_size)
+    else:
+        sizes = _spread(total, world_size * num_workers)
+    return Deal(sequence, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+
+
+def _spread(rows: int, parts: int) -> IntArray:
+    """``rows`` in ``parts`` shares that differ by at most one, the larger ones first."""
+    quota, extra = divmod(rows, parts)
+    sizes = np.full(parts, quota, dtype=np.int64)
+    sizes[:extra] += 1
+    return sizes
 
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """One epoch's dealing: splits in ``order``, minus ``base``, round-robin to streams.
+    """One epoch: the splits in ``order`` minus ``base``, dealt to ``world_size * workers`` streams.
 
     ``base`` is empty for a fresh epoch; an elastic resume deals only what its checkpoints had
     not delivered, so it starts from their union.
@@ -144,42 +268,33 @@ class EpochPlan:
     epoch: int
     order: IntArray
     base: Consumed
+    world_size: int
+    num_workers: int  # streams per rank (at least 1)
+    even: bool
+    deal: Deal
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        epoch: int,
+        order: IntArray,
+        base: Consumed,
+        split_rows: IntArray,
+        world_size: int,
+        num_workers: int,
+        even: bool,
+    ) -> EpochPlan:
+        workers = max(1, num_workers)
+        sequence = remaining_pieces(order, base, split_rows)
+        dealt = deal(sequence, world_size=world_size, num_workers=workers, even=even)
+        return cls(epoch, order, base, world_size, workers, even, dealt)
 
     def stream(self, world: World) -> Pieces:
-        return stream_pieces(remaining_pieces(self.order, self.base), world)
+        """The pieces stream ``world`` reads, in order."""
+        return self.deal.share(world.rank * self.num_workers + world.worker)
 
-
-def stream_rows(
-    pieces: Pieces, split_rows: IntArray, world_size: int, num_workers: int
-) -> IntArray:
-    """Rows each stream reads, shaped ``[rank, worker]``."""
-    streams = world_size * num_workers
-    rows = split_rows[pieces.splits] - pieces.starts
-    per_stream = np.bincount(np.arange(len(rows)) % streams, weights=rows, minlength=streams)
-    return per_stream.astype(np.int64).reshape(num_workers, world_size).T
-
-
-def even_row_budgets(rows: IntArray, batch_size: int, drop_last: bool) -> IntArray:
-    """Rows each ``[rank, worker]`` stream may deliver so every rank yields as many batches.
-
-    Every rank keeps the first ``B`` batches of its round-robin over workers, ``B`` being the
-    fewest batches any rank has; the rest of the epoch's rows are not delivered.
-    """
-    batches = rows // batch_size if drop_last else -(-rows // batch_size)
-    target = int(batches.sum(axis=1).min())
-    kept = np.stack([_round_robin_take(rank, target) for rank in batches])
-    return np.minimum(rows, kept * batch_size)
-
-
-def _round_robin_take(counts: IntArray, total: int) -> IntArray:
-    """How many of each worker's batches are among the first ``total`` in round-robin order."""
-    low, high = 0, int(counts.max(initial=0))
-    while low < high:  # the most full rounds that fit in ``total``
-        middle = (low + high + 1) // 2
-        low, high = (
-            (middle, high) if np.minimum(counts, middle).sum() <= total else (low, middle - 1)
-        )
-    take = np.minimum(counts, low)
-    rest = total - int(take.sum())
-    take[np.flatnonzero(counts > low)[:rest]] += 1
-    return take
+    def rank_shares(self, rank: int) -> IntArray:
+        """Rows each worker stream of ``rank`` reads."""
+        first = rank * self.num_workers
+        return self.deal.shares[first : first + self.num_workers]

@@ -1,67 +1,45 @@
-"""Checkpoint states: what one rank has delivered, by content, as plain builtin types.
-
-Schema, version 1 (every value JSON-safe)::
-
-    {
-      "version": 1,
-      "epoch": int,
-      "_num_workers": int, "_shuffle_seed": int, "_shuffle": bool, "_split_bytes": int,
-      "_rank": int, "_world_size": int, "_format": str, "_even_batches": bool,
-      "files": {"count": int, "digest": str,            # xxh64 of every (path, fingerprint)
-                "groups": [[first path, last path, count, digest], ...]},   # <= 256 groups
-      "num_splits": int,
-      "done": str,        # splits fully delivered: bitmap over split ids, zlib + base64
-      "partial": [[path, row_offset, row_length, fingerprint, rows_delivered], ...],
-      "base": null | {"done": str, "partial": [...]},   # set when the epoch was dealt elastically
-      "cursor": int,      # the worker whose batch comes next (order only, not progress)
-    }
-
-Split ids are positions in the plan, which is a pure function of the files (their fingerprints
-include the footer layout) and ``split_bytes``; both are checked before any id is trusted.
-"""
-
 from __future__ import annotations
 
 import base64
 import binascii
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ._errors import CheckpointMismatchError, InvalidStateError
 from ._index import DatasetIndex
-from ._plan import Consumed, EpochPlan
+from ._plan import Consumed, Intervals, merge_intervals
 from ._world import World
 
 __all__ = [
     "STATE_VERSION",
-    "Progress",
     "Settings",
     "check_coverage",
     "check_same_epoch",
     "check_setting",
-    "decode_consumed",
+    "decode",
     "encode",
     "merge_states",
-    "positions_of",
+    "misplaced",
     "stored_split",
 ]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 _KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "version": int, "epoch": int, "_num_workers": int, "_shuffle_seed": int, "_shuffle": bool,
     "_split_bytes": int, "_rank": int, "_world_size": int, "_format": str,
-    "_even_batches": bool, "files": dict,
+    "_even_batches": bool, "_shuffle_window": int, "files": dict,
     "num_splits": int, "done": str, "partial": list, "base": (dict, type(None)), "cursor": int,
 }  # fmt: skip
+_SIGNED_KEYS = ("_shuffle_seed",)
 _ELASTIC_FIELDS = ("world_size", "rank", "num_workers", "even_batches")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
     """The settings a checkpoint must agree with (``num_workers`` as the DataLoader counts)."""
 
@@ -69,36 +47,22 @@ class Settings:
     split_bytes: int
     shuffle: bool
     shuffle_seed: int
+    window: int  # splits mixed together per stream: 1 without shuffle
     rank: int
     world_size: int
     num_workers: int
     even_batches: bool = False
 
+    @property
+    def streams_per_rank(self) -> int:
+        return max(1, self.num_workers)
+
     def world(self, worker: int = 0) -> World:
-        return World(self.rank, self.world_size, worker, max(1, self.num_workers))
-
-
-@dataclass
-class Progress:
-    """Delivery in one epoch: per worker, ``(pieces done, rows into the next piece)``."""
-
-    plan: EpochPlan
-    settings: Settings
-    positions: dict[int, tuple[int, int]] = field(default_factory=dict)
-    cursor: int = 0
-
-    def delivered(self) -> Consumed:
-        done = self.plan.base.done.copy()
-        partial = dict(self.plan.base.partial)
-        for worker, (count, rows) in self.positions.items():
-            pieces = self.plan.stream(self.settings.world(worker))
-            done[pieces.splits[:count]] = True
-            if rows and count < len(pieces):
-                partial[int(pieces.splits[count])] = int(pieces.starts[count]) + rows
-        return Consumed(done, {s: r for s, r in partial.items() if not done[s]})
+        return World(self.rank, self.world_size, worker, self.streams_per_rank)
 
 
 def encode(
+    *,
     epoch: int,
     delivered: Consumed,
     base: Consumed,
@@ -107,7 +71,6 @@ def encode(
     settings: Settings,
 ) -> dict[str, Any]:
     """The state dict of an epoch in which ``delivered`` (dealt after ``base``) is done."""
-    has_base = bool(base.done.any() or base.partial)
     return {
         "version": STATE_VERSION,
         "epoch": epoch,
@@ -119,23 +82,24 @@ def encode(
         "_world_size": settings.world_size,
         "_format": settings.format,
         "_even_batches": settings.even_batches,
+        "_shuffle_window": settings.window,
         "files": {"count": len(index.files), "digest": index.digest, "groups": index.file_groups()},
         "num_splits": len(index.splits),
         "done": _pack_bits(delivered.done),
         "partial": _partial_rows(delivered.partial, index),
-        "base": {"done": _pack_bits(base.done), "partial": _partial_rows(base.partial, index)}
-        if has_base
-        else None,
+        "base": None
+        if base.is_empty()
+        else {"done": _pack_bits(base.done), "partial": _partial_rows(base.partial, index)},
         "cursor": cursor,
     }
 
 
-def decode_consumed(
-    state: Mapping[str, Any], index: DatasetIndex, settings: Settings, *, elastic: bool = False
+def decode(
+    state: Mapping[str, Any], *, index: DatasetIndex, settings: Settings, elastic: bool = False
 ) -> tuple[Consumed, Consumed]:
     """Validate ``state`` against the dataset; return ``(delivered, base)`` by split id."""
     _check_shape(state)
-    _check_settings(state, index, settings, elastic)
+    _check_settings(state, settings, elastic)
     _check_files(state, index)
     done = _consumed(state["done"], state["partial"], index, "done")
     if state["base"] is None:
@@ -145,40 +109,16 @@ def decode_consumed(
     return done, _consumed(state["base"]["done"], state["base"]["partial"], index, "base.done")
 
 
-def positions_of(
-    plan: EpochPlan,
-    delivered: Consumed,
-    settings: Settings,
-    workers: Iterable[int],
-    index: DatasetIndex,
-) -> dict[int, tuple[int, int]]:
-    """Each worker's position in its own stream; mismatch if ``delivered`` is no prefix of it."""
-    positions: dict[int, tuple[int, int]] = {}
-    placed: set[int] = set()
-    for worker in workers:
-        pieces = plan.stream(settings.world(worker))
-        done = delivered.done[pieces.splits]
-        count = len(done) if done.all() else int(np.argmin(done))
-        if done[count:].any():
-            late = int(pieces.splits[count + int(np.argmax(done[count:]))])
-            raise _misplaced(index.describe(late) + " (full)", settings, worker)
-        rows = 0
-        if count < len(pieces) and int(pieces.splits[count]) in delivered.partial:
-            split = int(pieces.splits[count])
-            rows = delivered.partial[split] - int(pieces.starts[count])
-            placed.add(split)
-        positions[worker] = (count, rows)
-    stray = sorted(set(delivered.partial) - placed - set(plan.base.partial))
-    if stray:
-        rows = delivered.partial[stray[0]]
-        raise _misplaced(f"{index.describe(stray[0])} ({rows} rows delivered)", settings, None)
-    return positions
-
-
 def _check_shape(state: object) -> None:
     if not isinstance(state, Mapping):
         raise InvalidStateError(f"a state must be a dict, got {type(state).__name__}")
     version = state.get("version")
+    if version == 1:
+        raise InvalidStateError(
+            "this state is version 1, saved before rows were dealt to streams row by row; "
+            f"this library reads version {STATE_VERSION} and cannot continue that epoch "
+            f"exactly. Restart the checkpoint's epoch with dataset.set_epoch(state['epoch'])."
+        )
     if version != STATE_VERSION:
         raise InvalidStateError(
             f"unknown state version {version!r}: this library reads version {STATE_VERSION}"
@@ -191,7 +131,7 @@ def _check_shape(state: object) -> None:
             raise InvalidStateError(
                 f"state key {key!r} must be {_type_name(kind)}, got {type(value).__name__}"
             )
-        if isinstance(value, int) and value < 0:
+        if isinstance(value, int) and value < 0 and key not in _SIGNED_KEYS:
             raise InvalidStateError(f"state key {key!r} must be >= 0, got {value}")
 
 
@@ -200,14 +140,13 @@ def _type_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
 
 
-def _check_settings(
-    state: Mapping[str, Any], index: DatasetIndex, settings: Settings, elastic: bool
-) -> None:
+def _check_settings(state: Mapping[str, Any], settings: Settings, elastic: bool) -> None:
     pairs = {
         "format": (state["_format"], settings.format),
         "split_bytes": (state["_split_bytes"], settings.split_bytes),
         "shuffle": (state["_shuffle"], settings.shuffle),
         "shuffle_seed": (state["_shuffle_seed"], settings.shuffle_seed),
+        "shuffle_window": (state["_shuffle_window"], settings.window),
         # which rows an evened epoch leaves out, and so where it ends, depends on it
         "even_batches": (state["_even_batches"], settings.even_batches),
         "world_size": (state["_world_size"], settings.world_size),
@@ -296,20 +235,22 @@ def _consumed(bits: str, partial: Sequence[Any], index: DatasetIndex, key: str) 
         (index.files[s.file].display, s.row_offset, s.row_length): i
         for i, s in enumerate(index.splits)
     }
-    rows: dict[int, int] = {}
+    rows: dict[int, Intervals] = {}
     for entry in partial:
         if not (
             isinstance(entry, list)
             and len(entry) == 5
             and isinstance(entry[0], str)
             and isinstance(entry[3], str)
-            and all(type(v) is int for v in (entry[1], entry[2], entry[4]))
+            and all(type(v) is int for v in (entry[1], entry[2]))
+            and isinstance(entry[4], list)
+            and all(type(v) is int for v in entry[4])
         ):
             raise InvalidStateError(
                 f"partial entry {entry!r}: expected [path, row_offset, row_length, "
-                f"fingerprint, rows_delivered]"
+                f"fingerprint, [lo, hi, ...] rows delivered]"
             )
-        path, offset, length, fingerprint, delivered = entry
+        path, offset, length, fingerprint, bounds = entry
         split = by_range.get((path, offset, length))
         current = index.files[index.splits[split].file].fingerprint if split is not None else None
         if split is None or current != fingerprint:
@@ -322,30 +263,46 @@ def _consumed(bits: str, partial: Sequence[Any], index: DatasetIndex, key: str) 
                 split=f"{path} rows [{offset}, {offset + length})",
                 field="files", expected=fingerprint, found=current,
             )  # fmt: skip
-        if not 0 < delivered < length or done[split]:
-            raise InvalidStateError(f"partial entry {entry!r}: rows_delivered out of range")
-        rows[split] = delivered
+        rows[split] = _intervals(bounds, length, entry, done[split])
     return Consumed(done, rows)
 
 
-def _misplaced(split: str, settings: Settings, worker: int | None) -> CheckpointMismatchError:
+def _intervals(bounds: list[int], length: int, entry: object, done: bool) -> Intervals:
+    """Stored ``[lo, hi, lo, hi, ...]`` as intervals: sorted, disjoint, within, not all rows."""
+    pairs = tuple(zip(bounds[::2], bounds[1::2], strict=False))
+    if (
+        done
+        or len(bounds) % 2
+        or not pairs
+        or merge_intervals(pairs) != pairs
+        or pairs[0][0] < 0
+        or pairs[-1][1] > length
+        or pairs == ((0, length),)
+    ):
+        raise InvalidStateError(f"partial entry {entry!r}: delivered rows out of range")
+    return pairs
+
+
+def misplaced(split: str, settings: Settings, worker: int | None) -> CheckpointMismatchError:
+    """The state's progress is not where the plan puts any stream of this rank."""
     where = "any worker" if worker is None else f"worker {worker}"
     return CheckpointMismatchError(
         f"checkpoint split {split} is out of order for {where} of rank {settings.rank}: "
         f"compared against the current plan (world_size={settings.world_size}, "
-        f"num_workers={settings.num_workers}), delivered splits are not a prefix of that "
-        f"worker's splits.\nLikely cause: the state was edited, or saved by another worker "
+        f"num_workers={settings.num_workers}), the delivered rows are not a position of that "
+        f"worker's share.\nLikely cause: the state was edited, or saved by another worker "
         f"or loader: checkpoint=out-of-order progress, current={where} of rank {settings.rank}",
-        split=split, field="plan", expected="a prefix of each worker's splits", found=where,
+        split=split, field="plan", expected="a position of each worker's share", found=where,
     )  # fmt: skip
 
 
-def _partial_rows(partial: Mapping[int, int], index: DatasetIndex) -> list[list[Any]]:
+def _partial_rows(partial: Mapping[int, Intervals], index: DatasetIndex) -> list[list[Any]]:
     rows = []
-    for split, delivered in sorted(partial.items()):
+    for split, ranges in sorted(partial.items()):
         s = index.splits[split]
         f = index.files[s.file]
-        rows.append([f.display, s.row_offset, s.row_length, f.fingerprint, delivered])
+        bounds = [v for pair in ranges for v in pair]
+        rows.append([f.display, s.row_offset, s.row_length, f.fingerprint, bounds])
     return rows
 
 
@@ -395,7 +352,7 @@ def check_same_epoch(states: Sequence[Mapping[str, Any]]) -> None:
 
 
 def merge_states(
-    states: Sequence[Mapping[str, Any]], index: DatasetIndex, settings: Settings
+    states: Sequence[Mapping[str, Any]], *, index: DatasetIndex, settings: Settings
 ) -> tuple[int, Consumed]:
     """Epoch and union of what every old rank delivered; one state per old rank, same epoch."""
     if not states:
@@ -404,11 +361,8 @@ def merge_states(
         _check_shape(state)
     check_coverage(states)
     check_same_epoch(states)
-    done = np.zeros(len(index.splits), dtype=bool)
-    partial: dict[int, int] = {}
+    merged = Consumed.nothing(len(index.splits))
     for state in states:
-        delivered, _ = decode_consumed(state, index, settings, elastic=True)
-        done |= delivered.done
-        for split, rows in delivered.partial.items():
-            partial[split] = max(rows, partial.get(split, 0))
-    return states[0]["epoch"], Consumed(done, {s: r for s, r in partial.items() if not done[s]})
+        delivered, _ = decode(state, index=index, settings=settings, elastic=True)
+        merged = merged.union(delivered, index.split_rows)
+    return states[0]["epoch"], merged

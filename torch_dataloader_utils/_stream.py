@@ -1,7 +1,10 @@
 """Reading one stream: its pieces, from a position, as exact-size batches with provenance.
 
-A *position* ``(count, rows)`` means: the first ``count`` pieces of the stream are delivered,
-and ``rows`` rows of the next one. Each batch carries the position just after its last row.
+A stream's *position* is how many rows of its share it has delivered. The share is read in
+*windows* of ``window`` consecutive pieces: a window of one piece is read front to back; a wider
+one mixes the rows of its pieces in the order of ``_interleave`` (every stretch of it samples all
+its pieces, each piece read front to back). Each batch carries the position just after its last
+row, so re-entering a stream at any batch reads only the row groups that hold its next rows.
 """
 
 from __future__ import annotations
@@ -10,166 +13,220 @@ import bisect
 import itertools
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 
 from ._errors import DataSourceError
 from ._formats import FileFormat
 from ._index import DatasetIndex
+from ._interleave import counts_at, mixing_order
 from ._plan import Pieces
 from ._storage import Storage
 
-__all__ = ["Position", "Run", "prefetch", "read_stream"]
+__all__ = ["Position", "Run", "StreamSource", "prefetch", "read_stream"]
 
-Position = tuple[int, int]
+Position = int
 T = TypeVar("T")
 
 # Rows per decoded chunk: big enough to keep Python out of the loop, small enough to start fast.
 _MIN_READ_ROWS = 65_536
+# Rows a mixed window's piece decodes at a time are bounded by the memory budget, down to this.
+_MIN_MIX_ROWS = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamSource:
+    """Everything one stream reads from: the files, how to open them, its pieces."""
+
+    index: DatasetIndex
+    storage: Storage
+    fmt: FileFormat
+    pieces: Pieces
+    window: int
+    columns: tuple[str, ...] | None
+    memory_bytes: int
+
+    @property
+    def total(self) -> int:
+        return int(self.pieces.rows.sum())
+
+    def describe_at(self, position: Position) -> str:
+        """The split(s) the rows just before ``position`` come from (a mixed window: all)."""
+        ends = np.cumsum(self.pieces.rows)
+        number = int(np.searchsorted(ends, max(0, position - 1), side="right"))
+        first = min(number, len(self.pieces) - 1) // self.window * self.window
+        names = [self.index.describe(int(s)) for s in self.pieces.splits[first:][: self.window]]
+        if len(names) == 1:
+            return names[0]
+        return f"one of {len(names)} mixed: " + ", ".join(names[:3]) + (" ..." * (len(names) > 3))
+
+    def mix_rows(self) -> int:
+        """Rows per decoded chunk of a mixed window, so ``window`` of them fit the budget."""
+        budget = self.memory_bytes // self.index.row_bytes()
+        return int(np.clip(budget // (self.window + 2), _MIN_MIX_ROWS, _MIN_READ_ROWS))
 
 
 def read_stream(
-    index: DatasetIndex,
-    storage: Storage,
-    fmt: FileFormat,
-    pieces: Pieces,
+    source: StreamSource,
+    *,
     start: Position,
-    columns: Sequence[str] | None,
     batch_size: int,
     drop_last: bool,
-    *,
     run_sizes: Iterable[int] = itertools.repeat(1),
     read_ahead: int = 0,
-    row_budget: int | None = None,
 ) -> Iterator[Run]:
     """Runs of batches of exactly ``batch_size`` rows (the last may be short) from ``start``.
 
     Run ``i`` holds ``run_sizes[i]`` batches. With ``read_ahead`` > 0 a background thread
-    decodes that many chunks ahead. ``row_budget`` caps the rows the whole stream delivers in
-    the epoch, counting those delivered before ``start``.
+    decodes that many chunks ahead. With ``drop_last`` the last full batch stands for the end
+    of the stream, so a checkpoint after it records the dropped rows as consumed.
     """
-    read_rows = max(batch_size, _MIN_READ_ROWS)
-    chunks = _read_chunks(index, storage, fmt, pieces, start, columns, read_rows)
-    if row_budget is not None:
-        remaining = row_budget - _rows_before(index, pieces, start)
-        chunks = _within(chunks, remaining, (len(pieces), 0))
+    chunks = _chunks(source, start)
     if read_ahead:
         chunks = prefetch(chunks, read_ahead)
-    return _runs(chunks, batch_size, drop_last, iter(run_sizes))
+    end = source.total
+    last_full = start + (end - start) // batch_size * batch_size
+    return _runs(
+        chunks,
+        batch_size=batch_size,
+        drop_last=drop_last,
+        sizes=iter(run_sizes),
+        end_of=(lambda p: end if p == last_full else p) if drop_last else (lambda p: p),
+    )
 
 
-def _read_chunks(
-    index: DatasetIndex,
-    storage: Storage,
-    fmt: FileFormat,
-    pieces: Pieces,
-    start: Position,
-    columns: Sequence[str] | None,
-    read_rows: int,
-) -> Iterator[tuple[pa.RecordBatch, _Mark]]:
-    """Decoded chunks, each marked with its piece and the piece's rows read after it."""
-    first, skip_rows = start
-    for number in range(first, len(pieces)):
-        split = index.splits[int(pieces.splits[number])]
-        file = index.files[split.file]
-        skip = int(pieces.starts[number]) + (skip_rows if number == first else 0)
-        piece_rows = split.row_length - int(pieces.starts[number])
-        units, leading = _units_from(file.metadata.unit_rows, split.units, split.row_offset + skip)
-        done = skip - int(pieces.starts[number])
-        if number + 1 < len(pieces):  # object stores: fetch the next split meanwhile
-            storage.prefetch(*_first_unit(index, pieces, number + 1))
-        try:
-            with storage.open(file.path) as source:
-                for chunk in fmt.read_units(source, file.metadata, units, columns, read_rows):
-                    if leading:
-                        cut = min(leading, chunk.num_rows)
-                        chunk, leading = chunk.slice(cut), leading - cut
-                    if chunk.num_rows:
-                        done += chunk.num_rows
-                        yield chunk, _Mark(number, done, piece_rows)
-        except (OSError, pa.ArrowException) as exc:
-            raise DataSourceError(
-                f"cannot read split {index.describe(int(pieces.splits[number]))} (fingerprint "
-                f"{file.fingerprint}): {exc}. If the file changed since the dataset was built, "
-                f"build it again; a checkpoint of the old content will not load."
-            ) from exc
-        if done != piece_rows:
-            raise DataSourceError(
-                f"split {index.describe(int(pieces.splits[number]))} yielded "
-                f"{done} of {piece_rows} rows: the file changed while reading"
-            )
+def _chunks(source: StreamSource, start: Position) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """Decoded chunks of the stream from ``start``, each with the position after its last row."""
+    pieces, window = source.pieces, source.window
+    begin = 0
+    for first in range(0, len(pieces), window):
+        part = pieces.take(slice(first, first + window))
+        rows = int(part.rows.sum())
+        if start < begin + rows:
+            offset = max(0, start - begin)
+            if len(part) == 1:
+                chunks = _piece_chunks(source, part, 0, offset, _MIN_READ_ROWS)
+                if first + 1 < len(pieces):  # object stores: fetch the next piece meanwhile
+                    source.storage.prefetch(*_first_unit(source, pieces, first + 1))
+            else:
+                chunks = _mixed_chunks(source, part, offset)
+            for chunk, done in chunks:
+                yield chunk, begin + done
+        begin += rows
 
 
-def _first_unit(index: DatasetIndex, pieces: Pieces, number: int) -> tuple[str, int]:
-    """The file and first unit piece ``number`` reads."""
-    split = index.splits[int(pieces.splits[number])]
+def _piece_chunks(
+    source: StreamSource, pieces: Pieces, number: int, skip: int, read_rows: int
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """Rows of piece ``number`` after its first ``skip``, with the piece's rows read so far."""
+    index = source.index
+    split_id = int(pieces.splits[number])
+    split = index.splits[split_id]
     file = index.files[split.file]
-    row = split.row_offset + int(pieces.starts[number])
-    return file.path, _units_from(file.metadata.unit_rows, split.units, row)[0].start
+    lo, hi = int(pieces.lo[number]) + skip, int(pieces.hi[number])
+    units, leading = _units_for(
+        file.metadata.unit_rows, split.units, split.row_offset + lo, split.row_offset + hi
+    )
+    done, want = skip, hi - lo + skip
+    try:
+        with source.storage.open(file.path) as handle:
+            reads = source.fmt.read_units(handle, file.metadata, units, source.columns, read_rows)
+            for chunk in reads:
+                if leading:
+                    cut = min(leading, chunk.num_rows)
+                    chunk, leading = chunk.slice(cut), leading - cut
+                chunk = chunk.slice(0, want - done)
+                if chunk.num_rows:
+                    done += chunk.num_rows
+                    yield chunk, done
+                if done == want:
+                    break
+    except (OSError, pa.ArrowException) as exc:
+        raise DataSourceError(
+            f"cannot read split {index.describe(split_id)} (fingerprint {file.fingerprint}): "
+            f"{exc}. If the file changed since the dataset was built, build it again; a "
+            f"checkpoint of the old content will not load."
+        ) from exc
+    if done != want:
+        raise DataSourceError(
+            f"split {index.describe(split_id)} yielded {done - skip} of {want - skip} rows from "
+            f"row {lo}: the file changed while reading"
+        )
 
 
-def _rows_before(index: DatasetIndex, pieces: Pieces, start: Position) -> int:
-    count, rows = start
-    lengths = [index.splits[int(s)].row_length for s in pieces.splits[:count]]
-    return sum(lengths) - int(pieces.starts[:count].sum()) + rows
+class _PieceReader:
+    """One piece of a mixed window, read front to back and handed out ``take(n)`` rows at a time."""
+
+    def __init__(self, chunks: Iterator[tuple[pa.RecordBatch, int]]) -> None:
+        self._chunks = chunks
+        self._held: pa.RecordBatch | None = None
+
+    def take(self, rows: int) -> list[pa.RecordBatch]:
+        out: list[pa.RecordBatch] = []
+        while rows > 0:
+            if self._held is None or self._held.num_rows == 0:
+                self._held = next(self._chunks)[0]
+            part = self._held.slice(0, rows)
+            self._held = self._held.slice(part.num_rows)
+            out.append(part)
+            rows -= part.num_rows
+        return out
+
+    def close(self) -> None:
+        self._chunks.close()  # type: ignore[attr-defined]
 
 
-def _within(
-    chunks: Iterator[tuple[pa.RecordBatch, _Mark]], budget: int, end: Position
-) -> Iterator[tuple[pa.RecordBatch, _Mark]]:
-    """The first ``budget`` rows of ``chunks``; the last one delivered stands for ``end``.
+def _mixed_chunks(
+    source: StreamSource, pieces: Pieces, start: int
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The window's rows in mixing order from its row ``start``, with the rows done after each."""
+    rows = pieces.rows
+    total = int(rows.sum())
+    step = source.mix_rows()
+    counts = counts_at(rows, start)
+    schema = source.index.schema
+    with ExitStack() as stack:
+        readers = []
+        for number in range(len(pieces)):
+            reader = _PieceReader(_piece_chunks(source, pieces, number, int(counts[number]), step))
+            stack.callback(reader.close)
+            readers.append(reader)
+        done = start
+        while done < total:
+            after = min(done + step, total)
+            following = counts_at(rows, after)
+            parts = [
+                part
+                for reader, a, b in zip(readers, counts.tolist(), following.tolist(), strict=True)
+                for part in reader.take(b - a)
+            ]
+            joined = pa.Table.from_batches(parts, schema=schema).combine_chunks()
+            order = pa.array(mixing_order(rows, counts, following))
+            yield joined.take(order).to_batches()[0], after
+            done, counts = after, following
 
-    So a checkpoint after it records the skipped rest of the stream as consumed for the epoch.
-    """
-    held: tuple[pa.RecordBatch, _Mark] | None = None
-    for chunk, mark in chunks:
-        if held is not None:  # rows follow the budget: they are skipped
-            yield held[0], held[1]._replace(end=end)
-            return
-        if budget <= 0:
-            return
-        if chunk.num_rows > budget:
-            cut = chunk.num_rows - budget
-            yield chunk.slice(0, budget), _Mark(mark.number, mark.done - cut, mark.rows, end)
-            return
-        budget -= chunk.num_rows
-        if budget == 0:
-            held = chunk, mark  # is anything left to skip? the next chunk tells
-            continue
-        yield chunk, mark
-    if held is not None:
-        yield held
 
-
-def _units_from(unit_rows: Sequence[int], units: range, row: int) -> tuple[range, int]:
-    """The units of ``units`` from the one holding file row ``row``, and rows to skip in it."""
+def _units_for(
+    unit_rows: tuple[int, ...], units: range, first: int, end: int
+) -> tuple[range, int]:
+    """The units of ``units`` holding file rows ``[first, end)``, and rows to skip in the first."""
     bounds = list(itertools.accumulate(unit_rows, initial=0))
-    unit = bisect.bisect_right(bounds, row) - 1
-    unit = max(unit, units.start)
-    return range(unit, units.stop), row - bounds[unit]
+    unit = max(bisect.bisect_right(bounds, first) - 1, units.start)
+    stop = min(bisect.bisect_left(bounds, end), units.stop)
+    return range(unit, max(stop, unit + 1)), first - bounds[unit]
 
 
-class _Mark(NamedTuple):
-    """Piece ``number`` has ``done`` of its ``rows`` rows read at the end of a chunk.
-
-    ``end``, when set, is the position the chunk's last row stands for instead: the end of the
-    stream, when an evened-out epoch skips the stream's remaining rows.
-    """
-
-    number: int
-    done: int
-    rows: int
-    end: Position | None = None
-
-    def position(self, unread: int = 0) -> Position:
-        """The stream position ``unread`` rows before this mark; a full piece rolls over."""
-        if unread == 0 and self.end is not None:
-            return self.end
-        done = self.done - unread
-        return (self.number + 1, 0) if done == self.rows else (self.number, done)
+def _first_unit(source: StreamSource, pieces: Pieces, number: int) -> tuple[str, int]:
+    """The file and first unit piece ``number`` reads."""
+    split = source.index.splits[int(pieces.splits[number])]
+    file = source.index.files[split.file]
+    row = split.row_offset + int(pieces.lo[number])
+    return file.path, _units_for(file.metadata.unit_rows, split.units, row, row + 1)[0].start
 
 
 @dataclass
@@ -189,14 +246,16 @@ class Run:
 
 
 def _runs(
-    chunks: Iterator[tuple[pa.RecordBatch, _Mark]],
+    chunks: Iterator[tuple[pa.RecordBatch, int]],
+    *,
     batch_size: int,
     drop_last: bool,
     sizes: Iterator[int],
+    end_of: Any,
 ) -> Iterator[Run]:
     """Runs of ``next(sizes)`` batches each; rows are sliced, never copied."""
     want, run, have = next(sizes), Run(), 0
-    mark: _Mark | None = None
+    mark = 0
     for chunk, mark in chunks:
         offset = taken = 0  # rows of this chunk read / already placed in a run
         while offset < chunk.num_rows:
@@ -205,7 +264,7 @@ def _runs(
             if have < batch_size:
                 continue
             run.lengths.append(batch_size)
-            run.positions.append(mark.position(chunk.num_rows - offset))
+            run.positions.append(end_of(mark - (chunk.num_rows - offset)))
             have = 0
             if len(run.lengths) == want:
                 run.chunks.append(chunk.slice(taken, offset - taken))
@@ -214,9 +273,9 @@ def _runs(
                 want, run = next(sizes), Run()
         if taken < chunk.num_rows:
             run.chunks.append(chunk.slice(taken))
-    if have and not drop_last and mark is not None:
+    if have and not drop_last:
         run.lengths.append(have)
-        run.positions.append(mark.position())
+        run.positions.append(mark)
     elif have:
         run.chunks = _head(run.chunks, sum(run.lengths))
     if run.lengths:

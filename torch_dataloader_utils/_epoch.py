@@ -1,0 +1,221 @@
+"""One epoch as values: where an iteration starts, each stream's position, the state it makes.
+
+``Epochs`` holds what never changes for a dataset (the index, the options, the rank) and turns
+values into values: a ``Start`` (fresh, or decoded from a checkpoint) into the ``Progress`` of an
+iteration for a given ``num_workers``, a ``Progress`` into a state dict, a ``Start`` into the
+number of batches. Nothing here reads files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._config import DatasetConfig
+from ._errors import InvalidStateError
+from ._index import DatasetIndex
+from ._interleave import stream_counts
+from ._plan import Consumed, EpochPlan, IntArray, Pieces, epoch_order
+from ._state import Settings, check_setting, decode, encode, merge_states, misplaced, stored_split
+
+__all__ = ["Epochs", "Progress", "Start"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Start:
+    """Where the next iteration begins: nothing delivered, or a checkpoint's progress."""
+
+    epoch: int
+    base: Consumed
+    delivered: Consumed
+    cursor: int = 0
+    checkpoint_workers: int | None = None  # the num_workers to hold the checkpoint to
+    checkpoint_split: str = ""
+
+    @classmethod
+    def fresh(cls, epoch: int, num_splits: int) -> Start:
+        nothing = Consumed.nothing(num_splits)
+        return cls(epoch=epoch, base=nothing, delivered=nothing)
+
+    @property
+    def is_fresh(self) -> bool:
+        """Whether an iteration from here starts the epoch from its beginning."""
+        return self.checkpoint_workers is None and self.delivered.is_empty()
+
+
+@dataclass
+class Progress:
+    """Delivery in one epoch: rows of its share each worker stream has handed out."""
+
+    plan: EpochPlan
+    settings: Settings
+    shares: Mapping[int, Pieces]
+    positions: dict[int, int] = field(default_factory=dict)
+    cursor: int = 0
+
+    def delivered(self, split_rows: IntArray) -> Consumed:
+        """Base, the rows ``even_batches`` left out, and every stream's delivered rows."""
+        consumed = self.plan.base.plus(self.plan.deal.left_out(), split_rows)
+        for worker, position in self.positions.items():
+            pieces = self.shares[worker]
+            counts = stream_counts(pieces.rows, self.settings.window, position)
+            taken = counts > 0
+            consumed = consumed.plus(
+                Pieces(pieces.splits[taken], pieces.lo[taken], pieces.lo[taken] + counts[taken]),
+                split_rows,
+            )
+        return consumed
+
+    def left_out(self) -> int:
+        return int(self.plan.deal.left_out().rows.sum())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Epochs:
+    """The pure part of a dataset: plans, positions and states for its index and options."""
+
+    index: DatasetIndex
+    config: DatasetConfig
+    rank: int
+    world_size: int
+    even_batches: bool
+
+    def settings(self, num_workers: int) -> Settings:
+        config = self.config
+        return Settings(
+            format=config.format,
+            split_bytes=config.split_bytes,
+            shuffle=config.shuffle,
+            shuffle_seed=config.shuffle_seed,
+            window=config.window,
+            rank=self.rank,
+            world_size=self.world_size,
+            num_workers=num_workers,
+            even_batches=self.even_batches,
+        )
+
+    def plan(self, start: Start, num_workers: int) -> EpochPlan:
+        config = self.config
+        return EpochPlan.build(
+            epoch=start.epoch,
+            order=epoch_order(
+                len(self.index.splits), config.shuffle_seed, start.epoch, config.shuffle
+            ),
+            base=start.base,
+            split_rows=self.index.split_rows,
+            world_size=self.world_size,
+            num_workers=num_workers,
+            even=self.even_batches,
+        )
+
+    def batches(self, start: Start, num_workers: int) -> int:
+        """Batches this rank yields in the epoch ``start`` belongs to."""
+        rows = self.plan(start, num_workers).rank_shares(self.rank)
+        size = self.config.batch_size
+        per_stream = rows // size if self.config.drop_last else -(-rows // size)
+        return int(per_stream.sum())
+
+    def begin(
+        self, start: Start, num_workers: int, workers: Iterable[int] | None = None
+    ) -> Progress:
+        """Progress at ``start`` for ``workers`` (all by default); mismatch if it does not fit."""
+        if start.checkpoint_workers is not None:
+            check_setting(
+                "num_workers", start.checkpoint_workers, num_workers, start.checkpoint_split
+            )
+        settings = self.settings(num_workers)
+        if not 0 <= start.cursor < settings.streams_per_rank:
+            raise InvalidStateError(
+                f"state key 'cursor' is {start.cursor}, but there are "
+                f"{settings.streams_per_rank} worker stream(s): the state is corrupted"
+            )
+        plan = self.plan(start, num_workers)
+        every = range(settings.streams_per_rank)
+        shares = {w: plan.stream(settings.world(w)) for w in every}
+        progress = Progress(plan, settings, shares, cursor=start.cursor)
+        for worker, pieces in shares.items():
+            progress.positions[worker] = self._position(pieces, start.delivered, settings, worker)
+        rows = self.index.split_rows
+        claimed = start.delivered.union(plan.base, rows).plus(plan.deal.left_out(), rows)
+        if not _same(progress.delivered(rows), claimed):
+            raise misplaced(_first_stray(start.delivered, self.index), settings, None)
+        if workers is not None:
+            progress.positions = {w: progress.positions[w] for w in workers}
+        return progress
+
+    def _position(
+        self, pieces: Pieces, delivered: Consumed, settings: Settings, worker: int
+    ) -> int:
+        """Rows of ``pieces`` that ``delivered`` holds, if they are a position of the stream."""
+        full = delivered.done[pieces.splits]
+        got = np.where(full, pieces.rows, 0)
+        partial = np.flatnonzero(~full & np.isin(pieces.splits, list(delivered.partial)))
+        for i in partial.tolist():
+            split, lo, hi = int(pieces.splits[i]), int(pieces.lo[i]), int(pieces.hi[i])
+            inside = [(max(a, lo), min(b, hi)) for a, b in delivered.partial[split]]
+            inside = [(a, b) for a, b in inside if b > a]
+            if len(inside) > 1 or (inside and inside[0][0] != lo):  # not a prefix of the piece
+                raise misplaced(self.index.describe(split), settings, worker)
+            got[i] = inside[0][1] - lo if inside else 0
+        position = int(got.sum())
+        expected = stream_counts(pieces.rows, settings.window, position)
+        if not np.array_equal(got, expected):
+            late = int(pieces.splits[int(np.argmax(got != expected))])
+            raise misplaced(self.index.describe(late), settings, worker)
+        return position
+
+    def encode(self, progress: Progress) -> dict[str, Any]:
+        """The state dict of ``progress``."""
+        return encode(
+            epoch=progress.plan.epoch,
+            delivered=progress.delivered(self.index.split_rows),
+            base=progress.plan.base,
+            cursor=progress.cursor,
+            index=self.index,
+            settings=progress.settings,
+        )
+
+    def encode_start(self, start: Start, num_workers: int) -> dict[str, Any]:
+        """The state dict of an iteration that has not begun."""
+        return encode(
+            epoch=start.epoch,
+            delivered=start.delivered,
+            base=start.base,
+            cursor=start.cursor,
+            index=self.index,
+            settings=self.settings(num_workers),
+        )
+
+    def load(self, state: Mapping[str, Any], num_workers: int | None) -> Start:
+        """The start a checkpoint describes, validated against the files and settings."""
+        workers = state.get("_num_workers", 0) if num_workers is None else num_workers
+        delivered, base = decode(state, index=self.index, settings=self.settings(workers))
+        return Start(
+            epoch=state["epoch"],
+            base=base,
+            delivered=delivered,
+            cursor=int(state["cursor"]),
+            checkpoint_workers=state["_num_workers"],
+            checkpoint_split=stored_split(state),
+        )
+
+    def load_elastic(self, states: Sequence[Mapping[str, Any]], num_workers: int) -> Start:
+        """A start that re-deals what every old rank's state had not delivered."""
+        epoch, delivered = merge_states(
+            states, index=self.index, settings=self.settings(num_workers)
+        )
+        return Start(epoch=epoch, base=delivered, delivered=delivered)
+
+
+def _same(a: Consumed, b: Consumed) -> bool:
+    return bool(np.array_equal(a.done, b.done)) and dict(a.partial) == dict(b.partial)
+
+
+def _first_stray(delivered: Consumed, index: DatasetIndex) -> str:
+    if delivered.partial:
+        split = min(delivered.partial)
+        return f"{index.describe(split)} ({sum(b - a for a, b in delivered.partial[split])} rows)"
+    return index.describe(int(np.argmax(delivered.done))) + " (full)"

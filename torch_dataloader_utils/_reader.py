@@ -1,0 +1,63 @@
+"""One worker stream of an iteration, read into the user's batches or into loader packets."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ._config import DatasetConfig
+from ._convert import convert, converted_row_bytes
+from ._packing import batch_parts, chunk_parts, run_sizes, send
+from ._stream import Position, Run, StreamSource, read_stream
+from ._transport import Packet, SharedSlots
+
+__all__ = ["StreamReader"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamReader:
+    """Reads ``source`` from position ``start``: converted, transformed batches with positions."""
+
+    source: StreamSource
+    config: DatasetConfig
+    start: Position
+
+    def batches(self, *, copy: bool = True, read_ahead: int = 0) -> Iterator[tuple[Any, Position]]:
+        """Batches and the position after each; ``copy=False`` when they are copied again."""
+        transform = self.config.transform
+        copy = copy and not self.source.fmt.decodes_into_new_memory
+        for run in self._runs(itertools.repeat(1), read_ahead=read_ahead):
+            run.chunks = [run.batch()]
+            (out,) = self._converted(run, copy)
+            yield (out if transform is None else transform(out)), run.positions[0]
+
+    def packets(self, slots: SharedSlots, worker: int) -> Iterator[Packet]:
+        """The stream as packets for ``StructuredDataLoader``; the last (maybe empty) ends it."""
+        if self.config.transform is None:
+            batch_bytes = self.config.batch_size * converted_row_bytes(self.source.index.schema)
+            runs = self._runs(run_sizes(batch_bytes, slots.slot_bytes))
+            # Tensors may view Arrow's buffers: packing copies them into the slot.
+            parts = chunk_parts(runs, lambda run: self._converted(run, False))
+        else:
+            parts = batch_parts(self.batches(copy=False), slots.slot_bytes)
+        return send(parts, slots, worker)
+
+    def _runs(self, sizes: Iterable[int], read_ahead: int = 0) -> Iterator[Run]:
+        return read_stream(
+            self.source,
+            start=self.start,
+            batch_size=self.config.batch_size,
+            drop_last=self.config.drop_last,
+            run_sizes=sizes,
+            read_ahead=read_ahead,
+        )
+
+    def _converted(self, run: Run, copy: bool) -> list[Any]:
+        """``run``'s chunks in the output type; a value error names the splits they came from."""
+        try:
+            return [convert(chunk, self.config.output, copy=copy) for chunk in run.chunks]
+        except ValueError as exc:
+            where = self.source.describe_at(run.positions[-1])
+            raise ValueError(f"split {where}: {exc}") from exc
