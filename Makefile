@@ -39,6 +39,7 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_resume.py --plot bench_output/resume.png
 	$(PY) benchmarks/bench_s3.py --plot bench_output/s3.png
 	$(PY) benchmarks/bench_index_cache.py --plot bench_output/index_cache.png
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_shuffle.py --plot bench_output/shuffle.png
 
 clean:
 	rm -rf $(VENV) demo_output bench_output .pytest_cache .mypy_cache .hypothesis

@@ -1,6 +1,6 @@
 """Shared helpers for the local benchmarks: synthetic Parquet data, timing, summaries, plots.
 
-Imported by ``bench_throughput.py`` and ``bench_resume.py`` (run as scripts, so this folder is on
+Imported by the ``bench_*.py`` scripts (run as scripts, so this folder is on
 ``sys.path``). Nothing here touches the library under test.
 """
 
@@ -20,8 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 __all__ = [
+    "cached_files",
     "ensure_dataset",
     "machine_note",
+    "paired",
     "parquet_files",
     "plot_bars",
     "summary",
@@ -46,9 +48,20 @@ def ensure_dataset(
     """Parquet files ``part-00000.parquet``… under ``directory`` with columns ``id`` (int64,
     0..rows-1 in file order), ``x`` (float64) and ``y`` (float32), written with ``compression``;
     reused when the manifest matches, regenerated otherwise. Returns the sorted file paths."""
-    root = Path(directory)
     wanted: dict[str, Any] = {"rows": rows, "files": files, "row_group_rows": row_group_rows}
     wanted |= {"seed": seed, "compression": compression}
+    return cached_files(directory, wanted, files, lambda root: _write_files(root, wanted, quiet))
+
+
+def cached_files(
+    directory: str | os.PathLike[str],
+    wanted: dict[str, Any],
+    files: int,
+    write: Callable[[Path], None],
+) -> list[str]:
+    """The ``files`` files ``part-*.parquet`` under ``directory`` if its manifest equals
+    ``wanted``; otherwise removes them, calls ``write(root)`` and records ``wanted``."""
+    root = Path(directory)
     manifest = root / _MANIFEST
     if manifest.exists() and json.loads(manifest.read_text()) == wanted:
         found = parquet_files(root)
@@ -58,7 +71,7 @@ def ensure_dataset(
     for old in root.glob("part-*.parquet"):
         old.unlink()
     manifest.unlink(missing_ok=True)
-    _write_files(root, wanted, quiet)
+    write(root)
     manifest.write_text(json.dumps(wanted))
     return parquet_files(root)
 
@@ -122,6 +135,17 @@ def summary(values: Sequence[float]) -> dict[str, float]:
         "best": max(values),
         "worst": min(values),
         "n": float(len(values)),
+    }
+
+
+def paired(runs: dict[str, list[float]], top: str, bottom: str) -> dict[str, float]:
+    """``top / bottom``: median of the per-round ratios (runs adjacent in time, the primary
+    figure on a noisy machine), ratio of the medians, and best / best."""
+    per_round = [a / b for a, b in zip(runs[top], runs[bottom], strict=True)]
+    return {
+        "paired_median": statistics.median(per_round),
+        "of_medians": statistics.median(runs[top]) / statistics.median(runs[bottom]),
+        "best_over_best": max(runs[top]) / max(runs[bottom]),
     }
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import torch
-from _bench_util import ensure_dataset, machine_note, plot_bars, summary, timed
+from _bench_util import ensure_dataset, machine_note, paired, plot_bars, summary, timed
 
 from torch_dataloader_utils import StructuredDataset
 
@@ -203,17 +203,6 @@ def fmt_rate(value: float) -> str:
 def verdict(value: float, target: float, higher: bool = True) -> str:
     ok = value >= target if higher else value <= target
     return f"{'meets' if ok else 'MISSES'} target {'≥' if higher else '≤'} {target:g}"
-
-
-def paired(runs: dict[str, list[float]], top: str, bottom: str) -> dict[str, float]:
-    """``top / bottom``: median of the per-round ratios (runs adjacent in time, the primary
-    figure on a noisy machine), ratio of the medians, and best / best."""
-    per_round = [a / b for a, b in zip(runs[top], runs[bottom], strict=True)]
-    return {
-        "paired_median": statistics.median(per_round),
-        "of_medians": statistics.median(runs[top]) / statistics.median(runs[bottom]),
-        "best_over_best": max(runs[top]) / max(runs[bottom]),
-    }
 
 
 def ratio_line(label: str, r: dict[str, float], target: float) -> str:
