@@ -95,7 +95,6 @@ def test_unshuffled_batches_hold_one_file(sorted_dir: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="sample-level shuffle lands with issue 7")
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_shuffled_batches_mix_files(sorted_dir: Path, num_workers: int) -> None:
     labels, order = epoch(sorted_dir, shuffle=True, num_workers=num_workers)

@@ -58,15 +58,6 @@ def counts_at(rows: IntArray, t: int) -> IntArray:
     return counts + change if missing > 0 else counts - change
 
 
-def _keys(row: IntArray, rows: IntArray) -> IntArray:
-    """``((2 * row + 1) << 30) // rows``, exactly, without a slow integer division per row."""
-    numerator = (2 * row + 1) << _SHIFT
-    keys = (numerator / rows).astype(np.int64)  # off by at most one either way
-    keys -= keys * rows > numerator
-    keys += (keys + 1) * rows <= numerator
-    return keys
-
-
 def mixing_order(rows: IntArray, start: IntArray, stop: IntArray) -> IntArray:
     """Delivery order of the rows between positions with counts ``start`` and ``stop``.
 
@@ -76,7 +67,7 @@ def mixing_order(rows: IntArray, start: IntArray, stop: IntArray) -> IntArray:
     piece = np.repeat(np.arange(len(rows), dtype=np.int64), taken)
     index = np.arange(len(piece), dtype=np.int64)
     row = index + np.repeat(start - (np.cumsum(taken) - taken), taken)
-    keys = _keys(row, rows[piece])
+    keys = ((2 * row + 1) << _SHIFT) // rows[piece]
     # Rows are concatenated piece by piece, so the index breaks ties by piece; each piece is
     # already in key order, which the stable sort (a merge of sorted runs) exploits.
     bits = max(1, len(index).bit_length())

@@ -114,6 +114,8 @@ class Consumed:
         partial: dict[int, Intervals] = {}
         for s, items in ranges.items():
             merged = merge_intervals(items)
+            if not merged:
+                continue
             if merged == ((0, int(split_rows[s])),):
                 done[s] = True
             else:

@@ -35,8 +35,11 @@ T = TypeVar("T")
 
 # Rows per decoded chunk: big enough to keep Python out of the loop, small enough to start fast.
 _MIN_READ_ROWS = 65_536
-# Rows a mixed window's piece decodes at a time are bounded by the memory budget, down to this.
+# Rows a mixed window's piece decodes at a time, and the window delivers at a time: bounded by
+# the memory budget, down to the minimum. Small enough that the window's decoded chunks stay hot
+# in memory: 32 pieces decoding 65,536 rows each ran 3x slower than one piece (page faults).
 _MIN_MIX_ROWS = 256
+_MAX_MIX_ROWS = 16_384
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,7 +71,7 @@ class StreamSource:
     def mix_rows(self) -> int:
         """Rows per decoded chunk of a mixed window, so ``window`` of them fit the budget."""
         budget = self.memory_bytes // self.index.row_bytes()
-        return int(np.clip(budget // (self.window + 2), _MIN_MIX_ROWS, _MIN_READ_ROWS))
+        return int(np.clip(budget // (self.window + 2), _MIN_MIX_ROWS, _MAX_MIX_ROWS))
 
 
 def read_stream(
@@ -205,15 +208,13 @@ def _mixed_chunks(
                 for reader, a, b in zip(readers, counts.tolist(), following.tolist(), strict=True)
                 for part in reader.take(b - a)
             ]
-            joined = pa.Table.from_batches(parts, schema=schema).combine_chunks()
-            order = pa.array(mixing_order(rows, counts, following))
-            yield joined.take(order).to_batches()[0], after
+            joined = pa.Table.from_batches(parts, schema=schema)
+            mixed = joined.take(mixing_order(rows, counts, following)).combine_chunks()
+            yield mixed.to_batches()[0], after
             done, counts = after, following
 
 
-def _units_for(
-    unit_rows: tuple[int, ...], units: range, first: int, end: int
-) -> tuple[range, int]:
+def _units_for(unit_rows: tuple[int, ...], units: range, first: int, end: int) -> tuple[range, int]:
     """The units of ``units`` holding file rows ``[first, end)``, and rows to skip in the first."""
     bounds = list(itertools.accumulate(unit_rows, initial=0))
     unit = max(bisect.bisect_right(bounds, first) - 1, units.start)
