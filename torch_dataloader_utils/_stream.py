@@ -208,10 +208,14 @@ def _mixed_chunks(
                 for reader, a, b in zip(readers, counts.tolist(), following.tolist(), strict=True)
                 for part in reader.take(b - a)
             ]
-            joined = pa.Table.from_batches(parts, schema=schema)
-            mixed = joined.take(mixing_order(rows, counts, following)).combine_chunks()
-            yield mixed.to_batches()[0], after
+            joined = pa.concat_batches([_conform(part, schema) for part in parts])
+            yield joined.take(mixing_order(rows, counts, following)), after
             done, counts = after, following
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with the dataset's schema (files may differ in schema metadata only)."""
+    return batch if batch.schema.metadata is None else batch.replace_schema_metadata(None)
 
 
 def _units_for(unit_rows: tuple[int, ...], units: range, first: int, end: int) -> tuple[range, int]:
