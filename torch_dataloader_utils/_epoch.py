@@ -58,16 +58,15 @@ class Progress:
 
     def delivered(self, split_rows: IntArray) -> Consumed:
         """Base, the rows ``even_batches`` left out, and every stream's delivered rows."""
-        consumed = self.plan.base.plus(self.plan.deal.left_out(), split_rows)
+        parts = [self.plan.deal.left_out()]
         for worker, position in self.positions.items():
             pieces = self.shares[worker]
             counts = stream_counts(pieces.rows, self.settings.window, position)
-            taken = counts > 0
-            consumed = consumed.plus(
-                Pieces(pieces.splits[taken], pieces.lo[taken], pieces.lo[taken] + counts[taken]),
-                split_rows,
+            taken = np.flatnonzero(counts)
+            parts.append(
+                Pieces(pieces.splits[taken], pieces.lo[taken], pieces.lo[taken] + counts[taken])
             )
-        return consumed
+        return self.plan.base.plus(Pieces.concat(parts), split_rows)
 
     def left_out(self) -> int:
         return int(self.plan.deal.left_out().rows.sum())

@@ -60,19 +60,23 @@ class DatasetIndex:
     def split_rows(self) -> npt.NDArray[np.int64]:
         return np.array([s.row_length for s in self.splits], dtype=np.int64)
 
-    @property
+    @cached_property
     def digest(self) -> str:
         """Content address of the whole file list (paths and fingerprints, in order)."""
         return _digest(f"{f.display}\0{f.fingerprint}" for f in self.files)
 
     def file_groups(self) -> list[list[object]]:
         """``[first path, last path, count, digest]`` for up to ``MAX_FILE_GROUPS`` file runs."""
+        return [list(group) for group in self._file_groups]
+
+    @cached_property
+    def _file_groups(self) -> tuple[tuple[object, ...], ...]:
         size = max(1, math.ceil(len(self.files) / MAX_FILE_GROUPS))
         runs = [self.files[i : i + size] for i in range(0, len(self.files), size)]
-        return [
-            [run[0].display, run[-1].display, len(run), _digest(f.fingerprint for f in run)]
+        return tuple(
+            (run[0].display, run[-1].display, len(run), _digest(f.fingerprint for f in run))
             for run in runs
-        ]
+        )
 
     def describe(self, split: int) -> str:
         """``path rows [a, b)`` of split ``split``, as messages and states name it."""

@@ -65,6 +65,18 @@ class Pieces:
     def rows(self) -> IntArray:
         return self.hi - self.lo
 
+    @classmethod
+    def concat(cls, parts: Sequence[Pieces]) -> Pieces:
+        return cls(
+            *(np.concatenate([getattr(p, f) for p in parts]) for f in ("splits", "lo", "hi"))
+        )
+
+    @classmethod
+    def of(cls, items: Sequence[tuple[int, int, int]]) -> Pieces:
+        """Pieces from ``(split, lo, hi)`` triples."""
+        arrays = np.array(items, dtype=np.int64).reshape(-1, 3).T
+        return cls(arrays[0], arrays[1], arrays[2])
+
     def take(self, index: slice | IntArray) -> Pieces:
         return Pieces(self.splits[index], self.lo[index], self.hi[index])
 
@@ -139,9 +151,7 @@ def merge_intervals(items: Iterable[tuple[int, int]]) -> Intervals:
 
 
 def _partial_pieces(partial: Mapping[int, Intervals]) -> Pieces:
-    items = [(s, lo, hi) for s, ranges in partial.items() for lo, hi in ranges]
-    arrays = np.array(items, dtype=np.int64).reshape(-1, 3).T
-    return Pieces(arrays[0], arrays[1], arrays[2])
+    return Pieces.of([(s, lo, hi) for s, ranges in partial.items() for lo, hi in ranges])
 
 
 def cut_splits(
@@ -203,8 +213,7 @@ def remaining_pieces(order: IntArray, consumed: Consumed, split_rows: IntArray) 
         ranges = consumed.partial.get(split)
         gaps = _gaps(ranges, length) if ranges else [(0, length)]
         items.extend((split, a, b) for a, b in gaps)
-    arrays = np.array(items, dtype=np.int64).reshape(-1, 3).T
-    return Pieces(arrays[0], arrays[1], arrays[2])
+    return Pieces.of(items)
 
 
 def _gaps(ranges: Intervals, length: int) -> list[tuple[int, int]]:
