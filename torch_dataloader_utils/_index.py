@@ -114,7 +114,7 @@ def _cached(
     if cache is None:
         return [None] * len(entries)
     try:
-        return cache.get(storage.namespace, fmt.name, entries)
+        return cache.get(storage.namespace, fmt, entries)
     except (sqlite3.Error, OSError, ValueError, pa.ArrowException) as exc:
         warn_once(f"index cache {cache.path} cannot be read ({exc}); indexing from storage")
         return [None] * len(entries)
@@ -127,7 +127,7 @@ def _store(
     items: list[tuple[FileEntry, FileMetadata]],
 ) -> None:
     try:
-        cache.put(storage.namespace, fmt.name, items)
+        cache.put(storage.namespace, fmt, items)
     except (sqlite3.Error, OSError, ValueError, pa.ArrowException) as exc:
         warn_once(f"index cache {cache.path} cannot be written ({exc})")
 

@@ -46,6 +46,14 @@ class FileFormat(ABC):
     def read_metadata(self, source: Any) -> FileMetadata:
         """Parse the footer of ``source``."""
 
+    def dump_footer(self, footer: Any) -> bytes:
+        """``footer`` as the format's own bytes (data, never pickle) for the index cache."""
+        return b""
+
+    def load_footer(self, data: bytes) -> Any:
+        """The footer :meth:`dump_footer` wrote; ``None`` for formats that keep none."""
+        return None
+
     @abstractmethod
     def read_units(
         self,

@@ -29,6 +29,15 @@ class ParquetFormat(FileFormat):
             footer=footer,
         )
 
+    def dump_footer(self, footer: Any) -> bytes:
+        """The footer as a ``_metadata`` file: its Thrift bytes between ``PAR1`` magics."""
+        sink = pa.BufferOutputStream()
+        footer.write_metadata_file(sink)
+        return bytes(sink.getvalue().to_pybytes())
+
+    def load_footer(self, data: bytes) -> Any:
+        return pq.read_metadata(pa.BufferReader(data))
+
     def read_units(
         self,
         source: Any,
