@@ -74,7 +74,7 @@ def build_index(
     split_bytes: int,
 ) -> DatasetIndex:
     """List ``paths``, read the footers not cached (thread pool, progress bar), cut splits."""
-    entries = storage.list_files(paths)
+    entries = storage.list_files(paths, extensions=fmt.extensions)
     metas = _metadata(storage, fmt, entries)
     files = tuple(
         IndexedFile(e.path, storage.display(e.path), _fingerprint(e, m), m)

@@ -38,6 +38,8 @@ class FileFormat(ABC):
     """One on-storage format. Sources are pyarrow-readable files (``pa.NativeFile`` or paths)."""
 
     name: ClassVar[str]
+    # File name endings of the format: a directory holding any is read for those files only.
+    extensions: ClassVar[tuple[str, ...]]
     # True when decoding always produces fresh, writable memory (never the file's own bytes),
     # so tensors may share it without a copy.
     decodes_into_new_memory: ClassVar[bool]

@@ -15,6 +15,7 @@ __all__ = ["ParquetFormat"]
 
 class ParquetFormat(FileFormat):
     name = "parquet"
+    extensions = (".parquet", ".parq", ".pq")
     decodes_into_new_memory = True
 
     def read_metadata(self, source: Any) -> FileMetadata:
