@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-__all__ = ["FileFormat", "FileMetadata"]
+__all__ = ["FileFormat", "FileMetadata", "read_at"]
 
 
 @dataclass(frozen=True)
@@ -66,3 +66,16 @@ class FileFormat(ABC):
         batch_rows: int,
     ) -> Iterator[pa.RecordBatch]:
         """Yield the rows of ``units``, in order, as record batches of at most ``batch_rows``."""
+
+
+def read_at(source: Any, offset: int, length: int) -> bytes:
+    """Exactly ``length`` bytes of ``source`` (a ``pa.NativeFile`` or a seekable Python file)
+    from ``offset``; ``ValueError`` when the file ends before."""
+    if isinstance(source, pa.NativeFile):
+        data = source.read_at(length, offset)
+    else:
+        source.seek(offset)
+        data = source.read(length)
+    if len(data) != length:
+        raise ValueError(f"file ends before byte {offset + length} (expected {length} bytes)")
+    return bytes(data)
