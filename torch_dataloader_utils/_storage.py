@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -87,6 +88,7 @@ class Storage:
         self._layouts: dict[str, Layout | None] = {}
         self._ahead: tuple[str, dict[Any, Any]] | None = None  # the next split, prefetched
         self._lock = threading.Lock()
+        _LIVE.add(self)
 
     @property
     def fs(self) -> Any:
@@ -96,11 +98,14 @@ class Storage:
             self._after_fork()
         return self._fs
 
-    def _after_fork(self) -> None:
-        """In a new process: fresh lock (a parent thread may have held the old one at fork),
-        no inherited prefetch, the filesystem rebuilt from its options."""
+    def _reset_locks(self) -> None:
+        """Fresh lock (a parent thread may have held the old one at fork), no prefetch."""
         self._lock = threading.Lock()
         self._ahead = None
+
+    def _after_fork(self) -> None:
+        """In a new process, at first use: the filesystem rebuilt from its options. (The lock
+        was already replaced by ``_reset_after_fork``, before anything could take it.)"""
         rebuild, args = self._fs.__reduce__()[:2]
         self._fs, self._pid = rebuild(*args), os.getpid()
 
@@ -114,6 +119,7 @@ class Storage:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        _LIVE.add(self)
 
     def redact(self, message: str) -> str:
         """``message`` with every credential from ``storage_options`` replaced by ``***``."""
@@ -271,6 +277,18 @@ class Storage:
         found = self.fs.find(root, detail=True)
         prefix = len(root.rstrip("/")) + 1
         return [_entry(p, found[p]) for p in sorted(found) if not _hidden(p[prefix:])]
+
+
+# Every Storage of the process, so a forked child replaces their locks before any code runs.
+_LIVE: weakref.WeakSet[Storage] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for storage in list(_LIVE):
+        storage._reset_locks()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def secret_values(options: Mapping[str, Any]) -> tuple[str, ...]:
