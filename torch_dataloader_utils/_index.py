@@ -213,6 +213,13 @@ def _project(file: IndexedFile, columns: Sequence[str] | None) -> pa.Schema:
         raise SchemaMismatchError(
             f"{file.display} has no column(s) {missing}; its columns are {schema.names}"
         )
+    twice = [c for c in columns if schema.names.count(c) > 1]
+    if twice:
+        raise SchemaMismatchError(
+            f"{file.display} has more than one column named {twice[0]!r}, so columns= cannot "
+            f"select it; rename the columns in the data, or read all with columns=None and "
+            f"output='arrow'"
+        )
     return pa.schema([schema.field(c) for c in columns])
 
 
