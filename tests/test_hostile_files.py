@@ -204,3 +204,38 @@ def test_block_count_must_agree_with_pyarrow(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(arrow, "record_batches", lambda read, size: [])
     with pytest.raises(ValueError, match="lists 0 record batches where pyarrow finds 1"):
         get_format("arrow").read_metadata(pa.OSFile(str(path)))
+
+
+def test_signed_plaintext_footer_is_recognised_without_touching_columns():
+    from types import SimpleNamespace
+
+    from torch_dataloader_utils._formats.parquet import _refuse_encrypted
+
+    tail = (1116).to_bytes(4, "little") + b"PAR1"
+    source = pa.BufferReader(b"\0" * 100 + tail)
+    _refuse_encrypted(source, SimpleNamespace(serialized_size=1116))  # plain: accepted
+    with pytest.raises(ValueError, match="Parquet modular encryption"):
+        _refuse_encrypted(source, SimpleNamespace(serialized_size=1088))
+
+
+def test_negative_row_count_and_absent_fields(tmp_path: Path):
+    import struct
+
+    good = _write_ipc(tmp_path / "a.arrow", pa.table({"x": [1, 2]}).to_batches()).read_bytes()
+    length = int.from_bytes(good[-10:-6], "little")
+    footer = _Table.root(good[len(good) - 10 - length : len(good) - 10])
+    offset = struct.unpack_from("<q", footer.buf, footer.vector(3)[0])[0]
+    header = _Table.root(good[offset + 8 :]).table(2)
+    assert header is not None
+    at = offset + 8 + header._field(0)  # type: ignore[operator]
+    bad = _corrupt(good, at, (-2).to_bytes(8, "little", signed=True))
+    with pytest.raises(ValueError, match=r"record batch 0 has no valid row count \(-2\)"):
+        record_batches(lambda at, n: bad[at : at + n], len(bad))
+    # A table whose vtable lists no fields: absent vectors are empty, absent scalars default.
+    empty = _Table.root(struct.pack("<IHHi", 8, 4, 4, 4))
+    assert empty.vector(3) == (0, 0) and empty.scalar(0, "<q", 7) == 7 and empty.table(2) is None
+
+
+def test_formats_without_footers_store_none():
+    arrow = get_format("arrow")
+    assert arrow.dump_footer(None) == b"" and arrow.load_footer(b"") is None

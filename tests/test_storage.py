@@ -221,3 +221,16 @@ def test_the_same_files_named_differently_resume_each_other(tmp_path, monkeypatc
     files = [str(root / "part-00000.parquet"), str(root / "part-00001.parquet")]
     for path in (f"file://{root}", f"{root}/", "data", "./data", files, f"{root}/*.parquet"):
         assert _harness.resume({**base, "path": path}, state) == full[5:], path
+
+
+def test_fork_hook_gives_every_storage_a_fresh_lock(tmp_path: Path):
+    from torch_dataloader_utils import _storage
+
+    storage = Storage(str(tmp_path))
+    storage._ahead = ("path", {})
+    old = storage._lock
+    old.acquire()  # as if a parent thread held it at the fork
+    _storage._reset_after_fork()  # what os.register_at_fork runs in the child
+    assert storage._lock is not old and storage._lock.acquire(timeout=1)
+    assert storage._ahead is None
+    assert storage in _storage._LIVE and pickle.loads(pickle.dumps(storage)) in _storage._LIVE
