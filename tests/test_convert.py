@@ -144,3 +144,47 @@ def test_nulls_without_tensor_value_name_the_column(tmp_path: Path, column: str)
 def test_unknown_output_is_rejected(typed_dir: Path):
     with pytest.raises(ValueError, match=r"unknown output 'pandas'.*'torch', 'numpy', 'arrow'"):
         StructuredDataset(str(typed_dir), output="pandas")
+
+
+def _convert_error(column: pa.Array, output: str, name: str = "c") -> str:
+    from torch_dataloader_utils._convert import convert
+
+    with pytest.raises(ValueError) as exc:
+        convert(pa.record_batch({name: column}), output, copy=True)
+    return str(exc.value)
+
+
+@pytest.mark.parametrize("output", ["torch", "numpy"])
+def test_unconvertible_columns_name_the_column_and_its_type(output: str):
+    interval = pa.array([pa.MonthDayNano([1, 2, 3])], pa.month_day_nano_interval())
+    message = _convert_error(interval, output, "every")
+    assert message.startswith("column 'every' (month_day_nano_interval) has no tensor")
+    assert "output='arrow'" in message
+    far = pa.array([2**62], pa.int64()).view(pa.timestamp("s"))  # past the year 9999
+    message = _convert_error(pa.StructArray.from_arrays([far], ["t"]), output, "s")
+    assert message.startswith("column 's' (struct<t: timestamp[s]>) holds values Python cannot")
+    assert "OverflowError" in message
+    nulls = pa.array([1, None], pa.timestamp("ns"))
+    assert _convert_error(nulls, output, "t").startswith("column 't' (timestamp[ns]) has 1 null")
+
+
+@pytest.mark.parametrize("output", ["torch", "numpy"])
+def test_two_columns_of_one_name_are_refused_not_merged(tmp_path: Path, output: str):
+    table = pa.Table.from_arrays(
+        [pa.array([1, 2]), pa.array([3, 4]), pa.array([5, 6])], names=["x", "x", "y"]
+    )
+    pq.write_table(table, tmp_path / "a.parquet")
+    with pytest.raises(ValueError, match=r"split .*a\.parquet rows \[0, 2\): column\(s\) \['x'\] "):
+        list(StructuredDataset(str(tmp_path), output=output))
+    assert [b["y"].tolist() for b in StructuredDataset(str(tmp_path), columns=["y"])] == [[5, 6]]
+    arrow = list(StructuredDataset(str(tmp_path), output="arrow"))
+    assert arrow[0].schema.names == ["x", "x", "y"]
+
+
+def test_selecting_a_column_named_twice_names_it(tmp_path: Path):
+    from torch_dataloader_utils import SchemaMismatchError
+
+    table = pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["x", "x"])
+    pq.write_table(table, tmp_path / "a.parquet")
+    with pytest.raises(SchemaMismatchError, match=r"a\.parquet has more than one column named 'x'"):
+        StructuredDataset(str(tmp_path), columns=["x"])

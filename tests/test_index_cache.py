@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import pickle
+import sqlite3
 from pathlib import Path
 
 import _harness
@@ -127,4 +130,89 @@ def test_cached_footers_pickle_unparsed_and_feed_workers(cache: Path, data: Path
 def test_resume_is_exact_over_a_warm_cache(cache: Path, data: Path):
     case = {"path": str(data), "batch_size": 9, "split_bytes": 1, "shuffle": True}
     _harness.assert_resume_exact(case, 4)
-    assert (cache / "index-v1.sqlite").exists()
+    assert (cache / "index-v2.sqlite").exists()
+
+
+def _rows(cache: Path, sql: str, *args: object) -> list[tuple]:
+    with sqlite3.connect(cache / "index-v2.sqlite") as db:
+        rows = db.execute(sql, args).fetchall()
+    db.close()
+    return rows
+
+
+def test_cache_rows_are_data_in_a_journal_mode_safe_on_nfs(cache: Path, data: Path):
+    StructuredDataset(str(data))
+    (mode,) = _rows(cache, "PRAGMA journal_mode")[0]
+    assert mode == "delete"  # not WAL, which needs shared memory that NFS does not provide
+    entry, footer = _rows(cache, "SELECT entry, footer FROM files ORDER BY path")[0]
+    fields = json.loads(entry)
+    assert fields["unit_rows"] == [8, 8, 8, 8, 8]
+    assert footer[:4] == footer[-4:] == b"PAR1"  # Parquet's own Thrift footer, not a pickle
+
+
+@pytest.mark.parametrize(
+    "corruption",
+    [
+        "UPDATE files SET entry = '{not json' WHERE path LIKE '%part-00001%'",
+        "UPDATE files SET footer = x'00' || footer WHERE path LIKE '%part-00001%'",
+        "UPDATE files SET footer = CAST(x'00' || footer AS BLOB) WHERE path LIKE '%part-00001%'",
+        """UPDATE files SET entry = replace(entry, '"unit_rows":[', '"unit_rows":[1,') """
+        "WHERE path LIKE '%part-00001%'",
+        """UPDATE files SET entry = replace(entry, '"unit_rows":[8', '"unit_rows":[-8') """
+        "WHERE path LIKE '%part-00001%'",
+        "UPDATE files SET entry = '[1, 2]' WHERE path LIKE '%part-00001%'",
+        "UPDATE files SET footer = 'text' WHERE path LIKE '%part-00001%'",
+    ],
+)
+def test_corrupt_row_is_logged_and_rebuilt(
+    cache: Path, data: Path, reads: list[str], corruption: str, caplog: pytest.LogCaptureFixture
+):
+    first = StructuredDataset(str(data))
+    _rows(cache, corruption)
+    reads.clear()
+    with caplog.at_level(logging.WARNING, logger="torch_dataloader_utils"):
+        again = StructuredDataset(str(data), batch_size=16)
+    assert reads == ["part-00001.parquet"]  # only the corrupt entry is read from storage
+    assert "1 corrupt entries ignored" in caplog.text and "part-00001.parquet" in caplog.text
+    assert again._index.digest == first._index.digest
+    assert sorted(int(i) for b in again for i in b["id"]) == list(range(sum(ROWS)))
+    reads.clear()
+    StructuredDataset(str(data))
+    assert reads == []  # rewritten
+
+
+def test_corrupt_schema_row_misses_its_files_and_is_rewritten(
+    cache: Path, data: Path, reads: list[str]
+):
+    StructuredDataset(str(data))
+    _rows(cache, "UPDATE schemas SET schema = x'00' || schema")
+    reads.clear()
+    StructuredDataset(str(data))
+    assert len(reads) == len(ROWS)
+    reads.clear()
+    StructuredDataset(str(data))
+    assert reads == []
+
+
+class _Exploit:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (Path.touch, (self.marker,))
+
+
+def test_pickle_planted_in_the_cache_is_never_executed(
+    cache: Path, data: Path, reads: list[str], tmp_path: Path
+):
+    StructuredDataset(str(data))
+    marker = tmp_path / "executed"
+    payload = pickle.dumps(_Exploit(marker))
+    _rows(cache, "UPDATE files SET entry = ?, footer = ?", payload, payload)
+    _rows(cache, "UPDATE schemas SET schema = ?", payload)
+    reads.clear()
+    dataset = StructuredDataset(str(data), batch_size=16, split_bytes=1)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1)
+    assert sorted(int(i) for b in loader for i in b["id"]) == list(range(sum(ROWS)))
+    assert len(reads) == len(ROWS)
+    assert not marker.exists()

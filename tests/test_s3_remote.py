@@ -209,3 +209,31 @@ def test_prefetch_hint_is_adopted_by_the_next_open(memory_data: str):
     assert not source._prefetched  # used, not fetched again
     assert all(f.done() for f in early.values())
     assert storage.open(path)._prefetched == {}  # a hint serves one open
+
+
+def _prefetch_in_child(storage: object, path: str, unit: int, done: object) -> None:
+    storage.prefetch(path, unit)  # type: ignore[attr-defined]
+    source = storage.open(path)  # type: ignore[attr-defined]
+    done.put(bool(source._prefetched))  # type: ignore[attr-defined]
+
+
+def test_prefetch_in_a_forked_worker_never_takes_an_inherited_lock(memory_data: str):
+    import multiprocessing
+
+    dataset = StructuredDataset(memory_data, split_bytes=1, batch_size=8)
+    storage, index = dataset._storage, dataset._index
+    split = index.splits[3]
+    path = index.files[split.file].path
+    context = multiprocessing.get_context("fork")
+    done = context.Queue()
+    child = context.Process(
+        target=_prefetch_in_child, args=(storage, path, split.units.start, done), daemon=True
+    )
+    with storage._lock:  # a parent thread holds it at the fork
+        child.start()
+    try:
+        assert done.get(timeout=30) is True  # prefetched, no deadlock
+        child.join(10)
+        assert child.exitcode == 0
+    finally:
+        child.kill()

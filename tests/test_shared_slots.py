@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -91,3 +98,77 @@ def test_persistent_workers_follow_set_epoch_without_a_restart(dataset_dir: Path
     )
     fresh.dataset.set_epoch(2)
     assert torch.cat([b["id"] for b in fresh]).tolist() == epochs[2]
+
+
+def _wait_for_a_slot(slots: SharedSlots, generation: int, ready: Any, woke: Any) -> None:
+    ready.set()
+    woke.put(slots.acquire(0, generation))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_waiting_worker_blocks_without_cpu_and_wakes_on_free(method: str) -> None:
+    context = multiprocessing.get_context(method)
+    slots = SharedSlots(num_workers=1, slots=2, slot_bytes=1 << 12)
+    slots.begin(fresh_epoch=0)
+    generation = slots.generation()
+    held = [slots.acquire(0, generation), slots.acquire(0, generation)]
+    ready, woke = context.Event(), context.Queue()
+    worker = context.Process(
+        target=_wait_for_a_slot, args=(slots, generation, ready, woke), daemon=True
+    )
+    worker.start()
+    try:
+        assert ready.wait(60)
+        time.sleep(0.2)  # inside acquire
+        cpu = _cpu_seconds(worker.pid)
+        time.sleep(1.0)
+        assert _cpu_seconds(worker.pid) - cpu <= 0.05  # ~0.1 CPU-s per second when it polled
+        slots.free(0, held[1])
+        assert woke.get(timeout=10) == held[1]
+        worker.join(10)
+        assert worker.exitcode == 0
+    finally:
+        worker.kill()
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_end_wakes_a_waiting_worker() -> None:
+    slots = SharedSlots(num_workers=1, slots=1, slot_bytes=1 << 12)
+    slots.begin(fresh_epoch=0)
+    generation = slots.generation()
+    assert slots.acquire(0, generation) == 0
+    threading.Timer(0.1, slots.end).start()
+    started = time.monotonic()
+    assert slots.acquire(0, generation) is None
+    assert time.monotonic() - started < 0.2  # woken, not a check interval later
+
+
+def test_an_orphaned_worker_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch_dataloader_utils import _transport
+
+    slots = SharedSlots(num_workers=1, slots=1, slot_bytes=1 << 12)
+    slots.begin(fresh_epoch=0)
+    generation = slots.generation()
+    assert slots.acquire(0, generation) == 0
+    monkeypatch.setattr(_transport, "_PARENT_CHECK", 0.01)
+    assert not slots._orphaned()  # the parent seen by acquire, the owner alive
+
+    def exit_(status: int) -> None:
+        raise SystemExit(status)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    real = os.getppid()
+    monkeypatch.setattr(os, "getppid", lambda: real + 1)  # adopted by another process
+    with pytest.raises(SystemExit) as exc:
+        slots.acquire(0, generation)
+    assert exc.value.code == _transport._ORPHANED_EXIT
+    monkeypatch.setattr(os, "getppid", lambda: real)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    slots._owner = dead.pid  # a forkserver's worker: the main process is not its parent
+    assert slots._orphaned()

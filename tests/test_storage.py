@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 import uuid
 from pathlib import Path
 
 import fsspec
 import pytest
-from _data import ids_of, rows_table, write_dataset, write_parquet
+from _data import ids_of, rows_table, write_arrow, write_dataset, write_parquet
 
 from torch_dataloader_utils import DataSourceError, StructuredDataset
 from torch_dataloader_utils._storage import Storage
@@ -101,6 +102,67 @@ def test_open_missing_file_is_data_source_error(tmp_path: Path):
         Storage(str(tmp_path)).open(str(tmp_path / "nope.parquet"))
 
 
+def _litdata_dir(root: Path) -> Path:
+    """Parquet files as LitData / Hugging Face leave them, beside their own metadata."""
+    (root / "sub").mkdir(parents=True)
+    write_parquet(root / "train-0.parquet", rows_table(0, 10), 5)
+    write_parquet(root / "sub" / "train-1.parq", rows_table(10, 10), 5)
+    write_parquet(root / "train-2.PQ", rows_table(20, 10), 5)
+    (root / "index.json").write_text('{"chunks": []}')
+    (root / "README.md").write_text("# a dataset card")
+    (root / "sub" / "dataset_info.json").write_text("{}")
+    (root / "_SUCCESS").write_text("")
+    return root
+
+
+def test_directory_with_format_files_skips_other_tools_metadata(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    root = _litdata_dir(tmp_path / "lit")
+    with caplog.at_level(logging.INFO, logger="torch_dataloader_utils"):
+        loader, _ = StructuredDataset.create_dataloader(str(root), batch_size=100)
+        assert sorted(ids_of(next(iter(loader)))) == list(range(30))
+    skipped = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert skipped == [
+        f"{root}: reading the 3 .parquet/.parq/.pq files, skipping 3 other file(s): "
+        "README.md, index.json, sub/dataset_info.json"
+    ]
+    listed = Storage(str(root)).list_files(str(root), extensions=(".parquet",))
+    assert _names(listed, root) == ["train-0.parquet"]
+
+
+def test_directory_without_format_extensions_reads_every_file(tmp_path: Path):
+    for i in range(3):
+        write_parquet(tmp_path / f"part-{i}", rows_table(10 * i, 10), 5)
+    (tmp_path / "_SUCCESS").write_text("")
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=100)
+    assert sorted(ids_of(next(iter(loader)))) == list(range(30))
+
+
+def test_arrow_directory_takes_its_own_extensions(tmp_path: Path, caplog):
+    write_arrow(tmp_path / "a.arrow", rows_table(0, 10), 5)
+    write_arrow(tmp_path / "b.feather", rows_table(10, 10), 5)
+    write_arrow(tmp_path / "c.ipc", rows_table(20, 10), 5)
+    write_parquet(tmp_path / "d.parquet", rows_table(30, 10), 5)
+    (tmp_path / "notes.txt").write_text("x")
+    with caplog.at_level(logging.INFO, logger="torch_dataloader_utils"):
+        loader, _ = StructuredDataset.create_dataloader(
+            str(tmp_path), format="arrow", batch_size=100
+        )
+        assert sorted(ids_of(next(iter(loader)))) == list(range(30))
+    assert "skipping 2 other file(s): d.parquet, notes.txt" in caplog.text
+
+
+def test_explicit_file_and_glob_are_not_filtered_by_extension(tmp_path: Path):
+    write_parquet(tmp_path / "a.parquet", rows_table(0, 10), 5)
+    write_parquet(tmp_path / "b.data", rows_table(10, 10), 5)
+    storage = Storage(str(tmp_path))
+    got = storage.list_files(str(tmp_path / "b.data"), extensions=(".parquet",))
+    assert _names(got, tmp_path) == ["b.data"]
+    got = storage.list_files(str(tmp_path / "*"), extensions=(".parquet",))
+    assert _names(got, tmp_path) == ["a.parquet", "b.data"]
+
+
 # ---------------------------------------------------------------------------- memory://
 
 
@@ -126,6 +188,9 @@ def test_memory_directory_glob_and_file(memory_root: str):
     assert [e.path for e in globbed] == [e.path for e in storage.list_files(f"{memory_root}/data")]
     single = storage.list_files(f"{memory_root}/data/part-00001.parquet")
     assert len(single) == 1 and single[0].size > 0
+    fsspec.filesystem("memory").pipe(f"{memory_root}/data/index.json", b"{}")
+    filtered = storage.list_files(f"{memory_root}/data", extensions=(".parquet",))
+    assert [e.path for e in filtered] == [e.path for e in globbed]
 
 
 def test_memory_dataset_reads_every_row_and_resumes(memory_root: str):
@@ -156,3 +221,16 @@ def test_the_same_files_named_differently_resume_each_other(tmp_path, monkeypatc
     files = [str(root / "part-00000.parquet"), str(root / "part-00001.parquet")]
     for path in (f"file://{root}", f"{root}/", "data", "./data", files, f"{root}/*.parquet"):
         assert _harness.resume({**base, "path": path}, state) == full[5:], path
+
+
+def test_fork_hook_gives_every_storage_a_fresh_lock(tmp_path: Path):
+    from torch_dataloader_utils import _storage
+
+    storage = Storage(str(tmp_path))
+    storage._ahead = ("path", {})
+    old = storage._lock
+    old.acquire()  # as if a parent thread held it at the fork
+    _storage._reset_after_fork()  # what os.register_at_fork runs in the child
+    assert storage._lock is not old and storage._lock.acquire(timeout=1)
+    assert storage._ahead is None
+    assert storage in _storage._LIVE and pickle.loads(pickle.dumps(storage)) in _storage._LIVE

@@ -1,19 +1,26 @@
 """The index cache: parsed footers on local disk, so building a dataset again skips footer reads.
 
 Location: ``$TDU_CACHE_DIR`` if set, else ``~/.cache/torch_dataloader_utils``; one SQLite file,
-``index-v1.sqlite``, shared by all datasets, processes and ranks on the machine (WAL mode, so
-concurrent builders do not block each other for long). ``TDU_INDEX_CACHE=0`` (or ``off``,
-``false``, ``no``) disables it.
+``index-v2.sqlite``, shared by all datasets, processes and ranks on the machine.
+``TDU_INDEX_CACHE=0`` (or ``off``, ``false``, ``no``) disables it.
 
 One row per (storage namespace, path, format). The row is used only when the file's size and
 stamp still equal the stored ones: the version tag (ETag / generation / mtime) and, for local
 files, also the change time and inode, which ``utime`` cannot restore. A changed object misses
 and its row is replaced; other rows stay valid. Files without a version tag are never cached.
 
-A row holds what planning needs, compactly: unit rows and bytes, a digest naming the file's
-Arrow schema (stored once per distinct schema) and the serialized footer. Footers are parsed
-lazily (``CachedMetadata.footer``): the main process never parses them, a worker parses only the
-footers of files it reads, and nobody reads them from storage again.
+A row is data, never code: JSON of what planning needs (unit rows and bytes, the digest naming
+the file's Arrow schema, stored once per distinct schema as IPC bytes, and a checksum of the
+footer) plus the footer in the format's own bytes (Parquet: its Thrift bytes). Nothing is
+unpickled, so a cache directory shared with others cannot run their code. A row that fails to
+decode or whose checksum does not match is logged, read again from storage and rewritten; the
+other rows are used as they are. Footers are parsed lazily (``CachedMetadata.footer``): the main
+process never parses them, a worker parses only the footers of files it reads.
+
+The database uses SQLite's default rollback journal (``DELETE``), not WAL: WAL needs shared
+memory between the processes, which network filesystems (an NFS home directory) do not
+provide, and a WAL database there can be corrupted. Concurrent builders wait up to 30 s for a
+write.
 
 The cache is an optimisation: any failure to open, read or write it warns once and indexing
 proceeds from storage.
@@ -21,28 +28,30 @@ proceeds from storage.
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import sqlite3
 import threading
 import warnings
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import xxhash
 
-from ._formats import FileMetadata
+from ._formats import FileFormat, FileMetadata
+from ._log import log, some_names
 
 __all__ = ["CachedMetadata", "IndexCache", "cache_dir", "open_cache"]
 
-_FILENAME = "index-v1.sqlite"
+_FILENAME = "index-v2.sqlite"  # v1 rows were pickles: never read them
 _OFF = frozenset({"0", "off", "false", "no", "disable", "disabled"})
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     namespace TEXT NOT NULL, path TEXT NOT NULL, format TEXT NOT NULL,
-    size INTEGER NOT NULL, version TEXT NOT NULL, entry BLOB NOT NULL,
+    size INTEGER NOT NULL, version TEXT NOT NULL, entry TEXT NOT NULL, footer BLOB NOT NULL,
     PRIMARY KEY (namespace, path, format)
 );
 CREATE TABLE IF NOT EXISTS schemas (digest TEXT PRIMARY KEY, schema BLOB NOT NULL);
@@ -69,24 +78,40 @@ class CachedMetadata(FileMetadata):
     """
 
     def __init__(
-        self, schema: pa.Schema, unit_rows: Sequence[int], unit_bytes: Sequence[int], footer: bytes
+        self,
+        schema: pa.Schema,
+        unit_rows: Sequence[int],
+        unit_bytes: Sequence[int],
+        footer: bytes,
+        fmt: FileFormat,
     ) -> None:
         object.__setattr__(self, "schema", schema)
         object.__setattr__(self, "unit_rows", tuple(unit_rows))
         object.__setattr__(self, "unit_bytes", tuple(unit_bytes))
         object.__setattr__(self, "_footer_bytes", footer)
+        object.__setattr__(self, "_format", fmt)
 
     @property
     def footer(self) -> Any:
         parsed = self.__dict__.get("_footer")
         serialized = self.__dict__.get("_footer_bytes", b"")
         if parsed is None and serialized:
-            parsed = pickle.loads(serialized)
+            parsed = self.__dict__["_format"].load_footer(serialized)
             object.__setattr__(self, "_footer", parsed)
         return parsed
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_footer"}
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A decoded ``files`` row: schema digest, unit rows and bytes, serialized footer."""
+
+    schema: str
+    unit_rows: tuple[int, ...]
+    unit_bytes: tuple[int, ...]
+    footer: bytes
 
 
 class IndexCache:
@@ -96,33 +121,49 @@ class IndexCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        # Text that is not UTF-8 (a corrupt row) decodes to a value _decode rejects, not an error.
+        self._db.text_factory = lambda raw: raw.decode(errors="surrogateescape")
+        self._db.execute("PRAGMA journal_mode=DELETE")  # not WAL: see the module docstring
         self._db.executescript(_SCHEMA)
         self._schemas: dict[str, pa.Schema] = {}
 
     def close(self) -> None:
         self._db.close()
 
-    def get(self, namespace: str, fmt: str, entries: Sequence[Any]) -> list[FileMetadata | None]:
-        """Cached metadata of each entry (``FileEntry``), ``None`` where missing or stale."""
+    def get(
+        self, namespace: str, fmt: FileFormat, entries: Sequence[Any]
+    ) -> list[FileMetadata | None]:
+        """Cached metadata of each entry (``FileEntry``), ``None`` where missing, stale or
+        corrupt (corrupt rows are logged; reading the file again replaces them)."""
         wanted = {e.path: (e.size, e.stamp) for e in entries if e.stamp}
-        rows: dict[str, tuple[Any, ...]] = {}
         if not wanted:
             return [None] * len(entries)
         # One range scan of the primary key over the listed paths (they share a prefix).
         query = (
-            "SELECT path, size, version, entry FROM files "
+            "SELECT path, size, version, entry, footer FROM files "
             "WHERE namespace = ? AND path >= ? AND path <= ? AND format = ?"
         )
-        bounds = [namespace, min(wanted), max(wanted), fmt]
-        for path, size, version, blob in self._db.execute(query, bounds):
-            if wanted.get(path) == (size, version):
-                rows[path] = pickle.loads(blob)
-        self._load_schemas({row[0] for row in rows.values()})
-        return [self._metadata(rows[e.path]) if e.path in rows else None for e in entries]
+        bounds = [namespace, min(wanted), max(wanted), fmt.name]
+        rows = {
+            path: _decode(entry, footer)
+            for path, size, version, entry, footer in self._db.execute(query, bounds)
+            if wanted.get(path) == (size, version)
+        }
+        self._load_schemas({row.schema for row in rows.values() if row is not None})
+        found = [self._metadata(rows[e.path], fmt) if e.path in rows else None for e in entries]
+        corrupt = [e.path for e, m in zip(entries, found, strict=True) if e.path in rows and not m]
+        if corrupt:
+            log.warning(
+                "index cache %s: %d corrupt entries ignored (%s); reading their footers again",
+                self.path,
+                len(corrupt),
+                some_names(corrupt),
+            )
+        return found
 
-    def put(self, namespace: str, fmt: str, items: Iterable[tuple[Any, FileMetadata]]) -> None:
+    def put(
+        self, namespace: str, fmt: FileFormat, items: Iterable[tuple[Any, FileMetadata]]
+    ) -> None:
         """Store ``(FileEntry, FileMetadata)`` pairs, replacing older versions of the paths."""
         rows, schemas = [], {}
         for entry, meta in items:
@@ -131,31 +172,64 @@ class IndexCache:
             schema_bytes = meta.schema.serialize().to_pybytes()
             digest = xxhash.xxh64_hexdigest(schema_bytes)
             schemas[digest] = schema_bytes
-            footer = b"" if meta.footer is None else pickle.dumps(meta.footer, protocol=5)
-            blob = pickle.dumps((digest, meta.unit_rows, meta.unit_bytes, footer), protocol=5)
-            rows.append((namespace, entry.path, fmt, entry.size, entry.stamp, blob))
+            footer = b"" if meta.footer is None else fmt.dump_footer(meta.footer)
+            fields = {
+                "schema": digest,
+                "unit_rows": list(meta.unit_rows),
+                "unit_bytes": list(meta.unit_bytes),
+                "footer": xxhash.xxh64_hexdigest(footer),
+            }
+            row = (namespace, entry.path, fmt.name, entry.size, entry.stamp)
+            rows.append((*row, json.dumps(fields, separators=(",", ":")), footer))
         if not rows:
             return
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany(
-                "INSERT OR IGNORE INTO schemas VALUES (?, ?)", list(schemas.items())
-            )
-            self._db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?)", rows)
+            # REPLACE, not IGNORE: a schema row that went bad is rewritten with good bytes.
+            self._db.executemany("INSERT OR REPLACE INTO schemas VALUES (?, ?)", schemas.items())
+            self._db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
 
     def _load_schemas(self, digests: set[str]) -> None:
-        missing = [d for d in digests if d not in self._schemas]
-        for digest in missing:
+        """Parse the schemas named by ``digests``; a row whose bytes do not match its digest
+        is left out (the files naming it miss and are read again)."""
+        for digest in digests - self._schemas.keys():
             row = self._db.execute(
                 "SELECT schema FROM schemas WHERE digest = ?", [digest]
             ).fetchone()
-            if row is not None:
+            if row is None or not isinstance(row[0], bytes):
+                continue
+            if xxhash.xxh64_hexdigest(row[0]) == digest:
                 self._schemas[digest] = pa.ipc.read_schema(pa.py_buffer(row[0]))
 
-    def _metadata(self, row: tuple[Any, ...]) -> FileMetadata | None:
-        digest, unit_rows, unit_bytes, footer = row
-        schema = self._schemas.get(digest)
-        return None if schema is None else CachedMetadata(schema, unit_rows, unit_bytes, footer)
+    def _metadata(self, row: _Row | None, fmt: FileFormat) -> FileMetadata | None:
+        schema = None if row is None else self._schemas.get(row.schema)
+        if row is None or schema is None:
+            return None
+        return CachedMetadata(schema, row.unit_rows, row.unit_bytes, row.footer, fmt)
+
+
+def _decode(entry: object, footer: object) -> _Row | None:
+    """The row's fields if they are well formed and the footer matches its checksum."""
+    try:
+        fields = json.loads(entry)  # type: ignore[arg-type]
+        row = _Row(
+            fields["schema"],
+            tuple(fields["unit_rows"]),
+            tuple(fields["unit_bytes"]),
+            footer,  # type: ignore[arg-type]
+        )
+        checksum = fields["footer"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    ints = row.unit_rows + row.unit_bytes
+    valid = (
+        isinstance(row.schema, str)
+        and isinstance(row.footer, bytes)
+        and len(row.unit_rows) == len(row.unit_bytes)
+        and all(type(n) is int and n >= 0 for n in ints)
+        and checksum == xxhash.xxh64_hexdigest(row.footer)
+    )
+    return row if valid else None
 
 
 def open_cache() -> IndexCache | None:

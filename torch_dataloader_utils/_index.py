@@ -92,7 +92,7 @@ def build_index(
     split_bytes: int,
 ) -> DatasetIndex:
     """List ``paths``, read the footers not cached (thread pool, progress bar), cut splits."""
-    entries = storage.list_files(paths)
+    entries = storage.list_files(paths, extensions=fmt.extensions)
     metas = _metadata(storage, fmt, entries)
     files = tuple(
         IndexedFile(e.path, storage.display(e.path), _fingerprint(e, m), m)
@@ -132,7 +132,7 @@ def _cached(
     if cache is None:
         return [None] * len(entries)
     try:
-        return cache.get(storage.namespace, fmt.name, entries)
+        return cache.get(storage.namespace, fmt, entries)
     except (sqlite3.Error, OSError, ValueError, pa.ArrowException) as exc:
         warn_once(f"index cache {cache.path} cannot be read ({exc}); indexing from storage")
         return [None] * len(entries)
@@ -145,7 +145,7 @@ def _store(
     items: list[tuple[FileEntry, FileMetadata]],
 ) -> None:
     try:
-        cache.put(storage.namespace, fmt.name, items)
+        cache.put(storage.namespace, fmt, items)
     except (sqlite3.Error, OSError, ValueError, pa.ArrowException) as exc:
         warn_once(f"index cache {cache.path} cannot be written ({exc})")
 
@@ -230,6 +230,13 @@ def _project(file: IndexedFile, columns: Sequence[str] | None) -> pa.Schema:
     if missing:
         raise SchemaMismatchError(
             f"{file.display} has no column(s) {missing}; its columns are {schema.names}"
+        )
+    twice = [c for c in columns if schema.names.count(c) > 1]
+    if twice:
+        raise SchemaMismatchError(
+            f"{file.display} has more than one column named {twice[0]!r}, so columns= cannot "
+            f"select it; rename the columns in the data, or read all with columns=None and "
+            f"output='arrow'"
         )
     return pa.schema([schema.field(c) for c in columns])
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -24,6 +25,7 @@ import pyarrow as pa
 from fsspec.implementations.local import LocalFileSystem
 
 from ._errors import DataSourceError
+from ._log import log, some_names
 from ._remote import Layout, RemoteFile, parquet_layout
 from ._retry import RetryPolicy, policy_from_env, retry_call
 
@@ -86,6 +88,7 @@ class Storage:
         self._layouts: dict[str, Layout | None] = {}
         self._ahead: tuple[str, dict[Any, Any]] | None = None  # the next split, prefetched
         self._lock = threading.Lock()
+        _LIVE.add(self)
 
     @property
     def fs(self) -> Any:
@@ -95,11 +98,14 @@ class Storage:
             self._after_fork()
         return self._fs
 
-    def _after_fork(self) -> None:
-        """In a new process: fresh lock (a parent thread may have held the old one at fork),
-        no inherited prefetch, the filesystem rebuilt from its options."""
+    def _reset_locks(self) -> None:
+        """Fresh lock (a parent thread may have held the old one at fork), no prefetch."""
         self._lock = threading.Lock()
         self._ahead = None
+
+    def _after_fork(self) -> None:
+        """In a new process, at first use: the filesystem rebuilt from its options. (The lock
+        was already replaced by ``_reset_after_fork``, before anything could take it.)"""
         rebuild, args = self._fs.__reduce__()[:2]
         self._fs, self._pid = rebuild(*args), os.getpid()
 
@@ -113,6 +119,7 @@ class Storage:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        _LIVE.add(self)
 
     def redact(self, message: str) -> str:
         """``message`` with every credential from ``storage_options`` replaced by ``***``."""
@@ -136,12 +143,18 @@ class Storage:
         """The path as users wrote it: plain for local files, ``protocol://`` otherwise."""
         return path if self.is_local else str(self.fs.unstrip_protocol(path))
 
-    def list_files(self, paths: str | Sequence[str]) -> list[FileEntry]:
+    def list_files(
+        self, paths: str | Sequence[str], *, extensions: Sequence[str] = ()
+    ) -> list[FileEntry]:
         """Files named by ``paths``: each a file, directory (recursive), prefix or glob.
 
         Within each item files are sorted; items keep their order. Names starting with ``.`` or
-        ``_`` below a directory or in a glob are skipped. A file named twice is an error.
+        ``_`` below a directory or in a glob are skipped. Below a directory that holds files
+        ending in one of ``extensions`` (the format's), only those are taken and the others
+        are logged as skipped (another tool's ``index.json``, a ``README.md``); a directory
+        without any keeps every file. A file named twice is an error.
         """
+        suffixes = tuple(e.lower() for e in extensions)
         items = [paths] if isinstance(paths, str) else list(paths)
         if not items:
             raise ValueError("path is empty: pass a file, directory, glob or a list of them")
@@ -149,7 +162,7 @@ class Storage:
             self.fs.invalidate_cache()  # a listing must see objects changed since the last one
         entries: dict[str, FileEntry] = {}
         for item in items:
-            listed = self._call(partial(self._list_item, item), f"list {item}")
+            listed = self._call(partial(self._list_item, item, suffixes), f"list {item}")
             for entry in listed:
                 if entry.path in entries:
                     raise ValueError(f"{self.display(entry.path)} is named twice in path")
@@ -233,36 +246,49 @@ class Storage:
             message = self.redact(f"cannot {what}: {exc}")
             raise DataSourceError(message) from (exc if message.endswith(str(exc)) else None)
 
-    def _list_item(self, item: str) -> list[FileEntry]:
+    def _list_item(self, item: str, extensions: tuple[str, ...]) -> list[FileEntry]:
         root = self.fs._strip_protocol(item)
         if _GLOB_CHARS & set(item) and not self.fs.exists(root):  # an existing path is literal
-            found = self.fs.glob(root, detail=True)
-            base = len(_glob_base(root))
-            infos = {
-                p: i
-                for p, i in found.items()
-                if i.get("type") != "directory" and not _hidden(p[base:].lstrip("/"))
-            }
+            entries = self._glob(root)
         elif self.is_local and os.path.isdir(root):
-            entries = _walk_local(root)
-            if not entries:
-                raise FileNotFoundError(
-                    f"no data files under {item} (names starting with '.' or '_' are ignored)"
-                )
-            return entries
+            entries = _by_extension(_walk_local(root), extensions, item, root)
         elif self.fs.isdir(root):
-            found = self.fs.find(root, detail=True)
-            prefix = len(root.rstrip("/")) + 1
-            infos = {p: i for p, i in found.items() if not _hidden(p[prefix:])}
+            entries = _by_extension(self._find(root), extensions, item, root)
         elif self.fs.isfile(root):
-            infos = {root: self.fs.info(root)}
+            entries = [_entry(root, self.fs.info(root))]
         else:
             raise FileNotFoundError(f"no such file, directory or prefix: {item}")
-        if not infos:
+        if not entries:
             raise FileNotFoundError(
                 f"no data files under {item} (names starting with '.' or '_' are ignored)"
             )
-        return [_entry(p, infos[p]) for p in sorted(infos)]
+        return entries
+
+    def _glob(self, pattern: str) -> list[FileEntry]:
+        found = self.fs.glob(pattern, detail=True)
+        base = len(_glob_base(pattern))
+        return [
+            _entry(p, found[p])
+            for p in sorted(found)
+            if found[p].get("type") != "directory" and not _hidden(p[base:].lstrip("/"))
+        ]
+
+    def _find(self, root: str) -> list[FileEntry]:
+        found = self.fs.find(root, detail=True)
+        prefix = len(root.rstrip("/")) + 1
+        return [_entry(p, found[p]) for p in sorted(found) if not _hidden(p[prefix:])]
+
+
+# Every Storage of the process, so a forked child replaces their locks before any code runs.
+_LIVE: weakref.WeakSet[Storage] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for storage in list(_LIVE):
+        storage._reset_locks()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def secret_values(options: Mapping[str, Any]) -> tuple[str, ...]:
@@ -313,6 +339,26 @@ def _walk_local(root: str) -> list[FileEntry]:
                 entries.append(FileEntry(path, int(st.st_size), mtime, stamp))
     entries.sort(key=lambda e: e.path)
     return entries
+
+
+def _by_extension(
+    entries: list[FileEntry], extensions: tuple[str, ...], item: str, root: str
+) -> list[FileEntry]:
+    """The entries ending in one of ``extensions`` when there are any (the rest logged)."""
+    kept = [e for e in entries if e.path.lower().endswith(extensions)] if extensions else []
+    if not kept or len(kept) == len(entries):
+        return entries
+    prefix = len(root.rstrip("/")) + 1
+    skipped = [e.path[prefix:] for e in entries if not e.path.lower().endswith(extensions)]
+    log.info(
+        "%s: reading the %d %s files, skipping %d other file(s): %s",
+        item,
+        len(kept),
+        "/".join(extensions),
+        len(skipped),
+        some_names(skipped),
+    )
+    return kept
 
 
 def _glob_base(pattern: str) -> str:

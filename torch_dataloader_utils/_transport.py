@@ -11,12 +11,20 @@ The main process hands out views of a slot (no copy) and takes the slot back onc
 is gone. So that a training loop that keeps batches can never starve a worker, at most
 ``slots - 2`` slots per worker stay lent out; a packet arriving beyond that is copied out and
 its slot freed at once. Workers wait while all their slots are busy, which bounds memory.
+
+A waiting worker blocks on a semaphore of its own, released by the main process whenever it
+frees one of the worker's slots or starts or ends an iteration (no polling). Every
+``_PARENT_CHECK`` seconds without news it checks that the main process is still alive, and
+exits at once when it is not: a worker waiting here never returns to torch's worker loop,
+whose watchdog would otherwise notice, so a trainer killed alone (the OOM killer) leaves no
+worker behind.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
+import multiprocessing
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +40,9 @@ __all__ = ["Packet", "SharedSlots", "pack", "tensor_bytes"]
 _ALIGN = 64
 _FREE, _BUSY = 0, 1
 _GENERATION, _EPOCH, _FLAGS = 0, 1, 2  # positions in SharedSlots.control
+# Seconds a waiting worker blocks before it checks that the main process is alive.
+_PARENT_CHECK = 0.25
+_ORPHANED_EXIT = 70  # a worker's exit status once its main process is gone (EX_SOFTWARE)
 
 
 @dataclass(frozen=True)
@@ -56,9 +67,20 @@ class SharedSlots:
     ``control[1]`` the epoch when the iteration starts one afresh, else -1 (so persistent
     workers follow ``set_epoch`` without a restart); ``control[2 + w * slots + s]`` is slot
     ``s`` of worker ``w``: free or busy.
+
+    ``context`` is the multiprocessing start method the workers use, for the wake-up
+    semaphores; the default, ``"spawn"``, makes semaphores that also work in forked and
+    forkserver workers.
     """
 
-    def __init__(self, num_workers: int, slots: int = 4, slot_bytes: int = 2 << 20) -> None:
+    def __init__(
+        self,
+        num_workers: int,
+        slots: int = 4,
+        slot_bytes: int = 2 << 20,
+        *,
+        context: str | None = None,
+    ) -> None:
         self.slots = slots
         self.slot_bytes = slot_bytes
         # Allocated shared from the start: share_memory_() would allocate twice and copy.
@@ -74,6 +96,11 @@ class SharedSlots:
         self.control = torch.zeros(_FLAGS + num_workers * slots, dtype=torch.int64)
         self.control.share_memory_()  # type: ignore[no-untyped-call]
         self._lent: dict[tuple[int, int], int] = {}  # main process: (worker, slot) -> use count
+        # One per worker, released when something it may be waiting for changed.
+        wake = multiprocessing.get_context(context or "spawn")
+        self._wake = [wake.Semaphore(0) for _ in range(num_workers)]
+        self._owner = os.getpid()
+        self._parent: tuple[int, int] | None = None  # worker: (its pid, its parent's pid)
 
     @property
     def _flags(self) -> np.ndarray:
@@ -94,6 +121,7 @@ class SharedSlots:
         for worker, slot in self._lent:
             fresh[worker * self.slots + slot] = _BUSY
         flags[_FLAGS:] = fresh  # one store: a lent slot never reads FREE in between
+        self._wake_all()
 
     def fresh_epoch(self) -> int | None:
         """Worker: the epoch this iteration starts afresh, ``None`` when it resumes."""
@@ -106,11 +134,16 @@ class SharedSlots:
     def end(self) -> None:
         """Main process: the iteration is over; workers still waiting for a slot give up."""
         self._flags[_GENERATION] += 1
+        self._wake_all()
 
     def acquire(self, worker: int, generation: int) -> int | None:
-        """Worker: a free slot, marked busy; ``None`` once the iteration has ended."""
+        """Worker: a free slot, marked busy; ``None`` once the iteration has ended.
+
+        Blocks while every slot is busy; exits the process if the main process dies meanwhile.
+        """
         flags = self._flags
         first = _FLAGS + worker * self.slots
+        self._watch_parent()
         while flags[_GENERATION] == generation:
             free = np.flatnonzero(flags[first : first + self.slots] == _FREE)
             if len(free):
@@ -120,8 +153,32 @@ class SharedSlots:
                     flags[first + slot] = _FREE
                     return None
                 return slot
-            time.sleep(0.0002)
+            if not self._wake[worker].acquire(timeout=_PARENT_CHECK) and self._orphaned():
+                os._exit(_ORPHANED_EXIT)  # nobody is left to report to or clean up for
         return None
+
+    def _watch_parent(self) -> None:
+        """Worker: remember its parent, to notice when it is adopted by another one."""
+        if self._parent is None or self._parent[0] != os.getpid():
+            self._parent = (os.getpid(), os.getppid())
+
+    def _orphaned(self) -> bool:
+        """Worker: has the main process died? Its children are then adopted (a new parent
+        pid); a worker started by a forkserver also checks the main process itself."""
+        assert self._parent is not None
+        if os.getppid() != self._parent[1]:
+            return True
+        try:
+            os.kill(self._owner, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # pragma: no cover - alive, under another user
+            pass
+        return False
+
+    def _wake_all(self) -> None:
+        for wake in self._wake:
+            wake.release()
 
     def view(self, worker: int, slot: int, slab: _Slab) -> torch.Tensor:
         nbytes = int(np.prod(slab.shape)) * _itemsize(slab.dtype)
@@ -138,6 +195,7 @@ class SharedSlots:
 
     def free(self, worker: int, slot: int) -> None:
         self._flags[_FLAGS + worker * self.slots + slot] = _FREE
+        self._wake[worker].release()
 
     def _reclaim(self, worker: int) -> None:
         """Free the lent slots of ``worker`` whose views the training loop has dropped."""

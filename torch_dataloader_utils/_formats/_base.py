@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-__all__ = ["FileFormat", "FileMetadata"]
+__all__ = ["FileFormat", "FileMetadata", "read_at"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class FileFormat(ABC):
     """One on-storage format. Sources are pyarrow-readable files (``pa.NativeFile`` or paths)."""
 
     name: ClassVar[str]
+    # File name endings of the format: a directory holding any is read for those files only.
+    extensions: ClassVar[tuple[str, ...]]
     # True when decoding always produces fresh, writable memory (never the file's own bytes),
     # so tensors may share it without a copy.
     decodes_into_new_memory: ClassVar[bool]
@@ -45,6 +47,14 @@ class FileFormat(ABC):
     @abstractmethod
     def read_metadata(self, source: Any) -> FileMetadata:
         """Parse the footer of ``source``."""
+
+    def dump_footer(self, footer: Any) -> bytes:
+        """``footer`` as the format's own bytes (data, never pickle) for the index cache."""
+        return b""
+
+    def load_footer(self, data: bytes) -> Any:
+        """The footer :meth:`dump_footer` wrote; ``None`` for formats that keep none."""
+        return None
 
     @abstractmethod
     def read_units(
@@ -56,3 +66,16 @@ class FileFormat(ABC):
         batch_rows: int,
     ) -> Iterator[pa.RecordBatch]:
         """Yield the rows of ``units``, in order, as record batches of at most ``batch_rows``."""
+
+
+def read_at(source: Any, offset: int, length: int) -> bytes:
+    """Exactly ``length`` bytes of ``source`` (a ``pa.NativeFile`` or a seekable Python file)
+    from ``offset``; ``ValueError`` when the file ends before."""
+    if isinstance(source, pa.NativeFile):
+        data = source.read_at(length, offset)
+    else:
+        source.seek(offset)
+        data = source.read(length)
+    if len(data) != length:
+        raise ValueError(f"file ends before byte {offset + length} (expected {length} bytes)")
+    return bytes(data)

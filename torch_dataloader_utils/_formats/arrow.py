@@ -1,8 +1,8 @@
 """Arrow IPC file format (Feather v2): units are record batches.
 
-The IPC footer locates batches but not their row counts, so indexing opens each batch once
-(cheap for uncompressed files: no decoding). Unit sizes are in-memory bytes, which bound the
-on-storage size from above for compressed files.
+The IPC footer locates batches but not their row counts, so indexing reads each batch's
+message header (not its body, and nothing is decoded; see ``_ipc_footer``). Unit sizes are
+the batches' bytes on storage (header + body), like Parquet's compressed sizes.
 """
 
 from __future__ import annotations
@@ -13,22 +13,29 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc
 
-from ._base import FileFormat, FileMetadata
+from ._base import FileFormat, FileMetadata, read_at
+from ._ipc_footer import record_batches
 
 __all__ = ["ArrowFormat"]
 
 
 class ArrowFormat(FileFormat):
     name = "arrow"
+    extensions = (".arrow", ".feather", ".ipc")
     decodes_into_new_memory = False
 
     def read_metadata(self, source: Any) -> FileMetadata:
         reader = pyarrow.ipc.open_file(source)
-        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        batches = record_batches(lambda at, n: read_at(source, at, n), source.size())
+        if len(batches) != reader.num_record_batches:
+            raise ValueError(
+                f"its footer lists {len(batches)} record batches where pyarrow finds "
+                f"{reader.num_record_batches}"
+            )
         return FileMetadata(
             schema=reader.schema,
-            unit_rows=tuple(b.num_rows for b in batches),
-            unit_bytes=tuple(b.nbytes for b in batches),
+            unit_rows=tuple(rows for rows, _ in batches),
+            unit_bytes=tuple(size for _, size in batches),
         )
 
     def read_units(

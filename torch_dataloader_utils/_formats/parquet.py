@@ -1,4 +1,11 @@
-"""Parquet: units are row groups; sizes are the compressed bytes of their column chunks."""
+"""Parquet: units are row groups; sizes are the compressed bytes of their column chunks.
+
+Files with Parquet modular encryption are refused before any column chunk is touched: with a
+plaintext footer, pyarrow aborts the process (SIGABRT, an uncaught C++ exception) on the first
+access to an encrypted column's metadata. Such a footer is followed by its 28-byte signature
+(nonce and GCM tag), which is how it is recognised without decrypting anything. Encrypted
+footers are refused by pyarrow itself with an ``OSError``.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +15,21 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._base import FileFormat, FileMetadata
+from ._base import FileFormat, FileMetadata, read_at
 
 __all__ = ["ParquetFormat"]
+
+_FOOTER_SIGNATURE = 28  # nonce (12) + AES-GCM tag (16) after a signed plaintext footer
 
 
 class ParquetFormat(FileFormat):
     name = "parquet"
+    extensions = (".parquet", ".parq", ".pq")
     decodes_into_new_memory = True
 
     def read_metadata(self, source: Any) -> FileMetadata:
         footer = pq.ParquetFile(source).metadata
+        _refuse_encrypted(source, footer)
         groups = [footer.row_group(i) for i in range(footer.num_row_groups)]
         return FileMetadata(
             schema=footer.schema.to_arrow_schema(),
@@ -28,6 +39,15 @@ class ParquetFormat(FileFormat):
             ),
             footer=footer,
         )
+
+    def dump_footer(self, footer: Any) -> bytes:
+        """The footer as a ``_metadata`` file: its Thrift bytes between ``PAR1`` magics."""
+        sink = pa.BufferOutputStream()
+        footer.write_metadata_file(sink)
+        return bytes(sink.getvalue().to_pybytes())
+
+    def load_footer(self, data: bytes) -> Any:
+        return pq.read_metadata(pa.BufferReader(data))
 
     def read_units(
         self,
@@ -43,4 +63,16 @@ class ParquetFormat(FileFormat):
             row_groups=list(units),
             columns=None if columns is None else list(columns),
             use_threads=False,
+        )
+
+
+def _refuse_encrypted(source: Any, footer: Any) -> None:
+    """``ValueError`` for a plaintext footer of an encrypted file (see the module docstring)."""
+    tail = read_at(source, source.size() - 8, 8)
+    stored = int.from_bytes(tail[:4], "little")
+    if stored - footer.serialized_size == _FOOTER_SIGNATURE:
+        raise ValueError(
+            "it uses Parquet modular encryption (a signed plaintext footer; encrypted column "
+            "metadata cannot be read without keys, which this library does not take); decrypt "
+            "the file, or rewrite it without encryption"
         )
