@@ -182,6 +182,7 @@ def three_to_one(
 # ----------------------------------------------------------------------------- launched tests
 
 RESTORES = ("plain", "per_rank", "global", "global_src1", "global_all")
+RESTORES += ("energon_rank", "energon_global")  # Megatron-Energon's names on the loader
 
 
 @pytest.mark.parametrize("job", ["two_ranks", "three_ranks"])
@@ -223,6 +224,7 @@ def test_resume_continues_the_uninterrupted_run(
 def test_saved_lists_agree(request: pytest.FixtureRequest, job: str) -> None:
     ran = request.getfixturevalue(job)
     assert ran["train"][0]["helper_equals_plain"] is True
+    assert all(r["energon_equals_plain"] for r in ran["train"])  # loader.save_state_global
     assert [r["helper_is_none"] for r in ran["train"]] == [False] + [True] * (len(ran["train"]) - 1)
     states = torch.load(ran["dir"] / "global.pt", weights_only=True)
     assert [s["_rank"] for s in states] == list(range(len(ran["train"])))
@@ -439,3 +441,25 @@ def test_plain_dataloader_has_no_dist_in_state_dict(parquet_dir: Path, small_spl
         StructuredDataset(str(parquet_dir), split_bytes=small_split, rank=1, world_size=3)
     )
     assert loader.state_dict()["_rank"] == 1
+
+
+def test_loader_speaks_energon(parquet_dir: Path, small_split: int) -> None:
+    """Megatron-Energon's idioms on the loader, in one process: the dataset's states."""
+    case = {"path": str(parquet_dir), "batch_size": 24, "split_bytes": small_split}
+    states, rests = [], []
+    for rank in range(2):
+        loader, _ = make_loader({**case, "rank": rank, "world_size": 2})
+        it = iter(loader)
+        next(it)
+        states.append(loader.save_state_rank())
+        assert states[-1] == loader.state_dict()
+        rests.append([[int(i) for i in b["id"].tolist()] for b in it])
+    for rank in range(2):
+        by_rank, _ = make_loader({**case, "rank": rank, "world_size": 2})
+        by_rank.restore_state_rank(states[rank])
+        by_list, _ = make_loader({**case, "rank": rank, "world_size": 2})
+        by_list.restore_state_global(states, src_rank=None)
+        for loader in (by_rank, by_list):
+            assert [[int(i) for i in b["id"].tolist()] for b in loader] == rests[rank]
+    with pytest.raises(RuntimeError, match="save_state_global is a collective"):
+        by_rank.save_state_global()

@@ -101,3 +101,43 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
     ) -> None:
         """Continue from ``state`` at the next iteration (see ``StructuredDataset``)."""
         self.dataset.load_state_dict(state, elastic=elastic)
+
+    # Megatron-Energon's names for the same states, for users who call them on the loader.
+
+    def save_state_rank(self) -> dict[str, Any]:
+        """This rank's state, as Megatron-Energon's ``loader.save_state_rank()``.
+
+        The same as ``state_dict()``: what this loader has handed to the training loop.
+        """
+        return self.dataset.state_dict()
+
+    def restore_state_rank(self, state: Mapping[str, Any]) -> None:
+        """Continue from this rank's ``state``, as Megatron-Energon's ``restore_state_rank``.
+
+        The same as ``load_state_dict(state)``; call before iterating.
+        """
+        self.dataset.load_state_dict(state)
+
+    def save_state_global(self, dst_rank: int = 0) -> list[dict[str, Any]] | None:
+        """Collective, as Megatron-Energon's ``save_state_global(dst_rank)``.
+
+        Every rank's state as a list on ``dst_rank``, ``None`` on the others
+        (``StructuredDataset.save_state_global``).
+        """
+        return self.dataset.save_state_global(dst_rank=dst_rank)
+
+    def restore_state_global(
+        self,
+        state: Sequence[Mapping[str, Any]] | None,
+        src_rank: int | None = 0,
+        *,
+        elastic: bool = False,
+    ) -> None:
+        """Collective, as Megatron-Energon's ``restore_state_global(state, src_rank)``.
+
+        ``state`` is the list ``save_state_global`` returned, needed on ``src_rank`` only
+        (``None`` elsewhere); ``src_rank=None`` means every rank holds it and nothing is sent.
+        ``elastic=True`` accepts a job with another ``world_size``/``num_workers``
+        (``StructuredDataset.restore_state_global``).
+        """
+        self.dataset.restore_state_global(state, src_rank=src_rank, elastic=elastic)

@@ -9,7 +9,8 @@ way of restoring, or the error a restore raised.
   ``state_dict()``, written by rank 0), ``global.pt`` (``save_state_global``), ``rank<r>.pt``
   (each rank its own) -- then ``extra`` more batches that the crash loses; with ``kill`` rank 0
   dies by SIGKILL.
-- ``resume``: same world size; continue from each file and each restore entry point; and the
+- ``resume``: same world size; continue from each file and each restore entry point (the
+  dataset's, and Megatron-Energon's names on the loader); and the
   misuses that must raise ``CheckpointMismatchError`` on every rank (no rank left hanging).
 - ``elastic``: another world size / ``num_workers``; continue from ``states`` with
   ``elastic=True`` (``restore_state_global`` and ``load_state_dict``); changed seed must raise.
@@ -67,6 +68,7 @@ def train(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     plain: list[Any] = [None] * world_size
     dist.all_gather_object(plain, dataset.state_dict())  # the pattern from docs/ddp.md
     helper = dataset.save_state_global(dst_rank=0)
+    energon = loader.save_state_global(dst_rank=0)  # Megatron-Energon's name, on the loader
     torch.save(dataset.state_dict(), out / f"rank{rank}.pt")
     if rank == 0:
         torch.save(plain, out / "plain.pt")
@@ -80,6 +82,7 @@ def train(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         "lost": lost,
         "helper_is_none": helper is None,
         "helper_equals_plain": helper == plain if rank == 0 else None,
+        "energon_equals_plain": energon == plain if rank == 0 else energon is None,
         "state_rank": dataset.state_dict()["_rank"],
         "state_world_size": dataset.state_dict()["_world_size"],
         "len": len(dataset),
@@ -98,6 +101,9 @@ def resume(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         "global": run_rest(case, lambda _, ds: ds.restore_state_global(held, src_rank=0)),
         "global_src1": run_rest(case, lambda _, ds: ds.restore_state_global(on_one, src_rank=1)),
         "global_all": run_rest(case, lambda _, ds: ds.restore_state_global(states, src_rank=None)),
+        # Megatron-Energon's names, on the loader
+        "energon_rank": run_rest(case, lambda ld, _: ld.restore_state_rank(states[rank])),
+        "energon_global": run_rest(case, lambda ld, _: ld.restore_state_global(held, src_rank=0)),
         # misuses: every rank must raise, none may wait in a collective the others left
         "wrong_rank": run_rest(case, lambda _, ds: ds.load_state_dict(wrong)),
         "reversed": run_rest(

@@ -1,0 +1,69 @@
+"""Options shared by the commands: dataset settings, byte sizes, ``--storage-option KEY=VALUE``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from .._storage import secret_values
+from ._files import BadInput
+
+__all__ = ["add_settings", "byte_size", "storage_options"]
+
+
+def add_settings(parser: argparse.ArgumentParser, *, plan: bool) -> None:
+    """Dataset settings; for inspect/verify they override the checkpoint's (default: its own)."""
+    of = "" if plan else " (default: the checkpoint's)"
+    parser.add_argument("--format", choices=("parquet", "arrow"), help=f"file format{of}")
+    parser.add_argument(
+        "--split-bytes",
+        type=byte_size,
+        metavar="N",
+        help=f"split bound in stored bytes, e.g. 4096 or 128MiB{of}",
+    )
+    parser.add_argument("--world-size", type=int, metavar="N", help=f"DDP ranks{of}")
+    parser.add_argument("--num-workers", type=int, metavar="N", help=f"DataLoader workers{of}")
+    parser.add_argument(
+        "--shuffle", action=argparse.BooleanOptionalAction, help=f"shuffle splits and rows{of}"
+    )
+    parser.add_argument("--seed", type=int, metavar="N", help=f"shuffle_seed{of}")
+    parser.add_argument("--shuffle-window", type=int, metavar="N", help=f"splits mixed{of}")
+    parser.add_argument(
+        "--even-batches",
+        action=argparse.BooleanOptionalAction,
+        help=f"even out ranks (default: on when world size > 1){of}",
+    )
+
+
+def byte_size(text: str) -> int:
+    """``4096``, ``64KiB``, ``128M``, ``1gb`` as bytes (binary units)."""
+    match = re.fullmatch(r"(\d+) *([kmg]?)(i?b)?", text.strip().lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected bytes like 4096, 64KiB or 128MiB, got {text!r}")
+    return int(match[1]) << (10 * " kmg".index(match[2] or " "))
+
+
+def storage_options(items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` items as fsspec options; VALUE is JSON if it parses, credentials stay text."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:  # never echo a value: it may be a secret
+            raise BadInput(f"--storage-option takes KEY=VALUE, got one without '=' ({key[:20]!r})")
+        options[key] = value if _is_credential(key) else _json_or_text(value)
+    return options
+
+
+def _is_credential(key: str) -> bool:
+    """Whether the storage layer treats ``key`` as a credential (and redacts its value)."""
+    return bool(secret_values({key: "****"}))
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

@@ -1,0 +1,91 @@
+"""The checks of a resume, without iterating: the states of a checkpoint file against the files.
+
+``load_states`` reads the file and checks each state's schema; ``epochs_for`` builds the dataset
+with the checkpoint's settings (or overrides); ``resume`` runs what ``load_state_dict`` and the
+first iteration check (files, settings, the position of every worker stream) for one rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from .._config import DEFAULT_SHUFFLE_WINDOW
+from .._dataset import StructuredDataset
+from .._epoch import Epochs, Progress
+from .._errors import DataLoaderUtilsError
+from .._state import _check_shape
+from ._files import BadInput, Found, find_states, read_checkpoint
+
+__all__ = ["SETTINGS", "epochs_for", "epochs_of", "load_states", "paths", "resume"]
+
+# The settings a state records: its key, and the command-line option that overrides it.
+SETTINGS = {
+    "_format": "format",
+    "_split_bytes": "split_bytes",
+    "_shuffle": "shuffle",
+    "_shuffle_seed": "seed",
+    "_shuffle_window": "shuffle_window",
+    "_even_batches": "even_batches",
+    "_world_size": "world_size",
+    "_num_workers": "num_workers",
+}
+
+
+def load_states(args: argparse.Namespace) -> Found:
+    """The states in ``args.checkpoint`` (at ``args.key``), each checked for this schema."""
+    found = find_states(read_checkpoint(args.checkpoint, args.storage_options), args.key)
+    for number, state in enumerate(found.states):
+        try:
+            _check_shape(state)
+        except DataLoaderUtilsError as exc:
+            where = f"state {number} of {len(found.states)}" if len(found.states) > 1 else "state"
+            under = f" under key {found.key!r}" if found.key else ""
+            raise BadInput(f"{args.checkpoint}: {where}{under}: {exc}") from None
+    return found
+
+
+def setting(args: argparse.Namespace, state: Mapping[str, Any], key: str) -> Any:
+    """The override of state key ``key`` given on the command line, else the state's value."""
+    value = getattr(args, SETTINGS[key], None)
+    return state[key] if value is None else value
+
+
+def epochs_for(state: Mapping[str, Any], args: argparse.Namespace, path: Sequence[str]) -> Epochs:
+    """The dataset over ``path`` with the checkpoint's settings (and any overrides), as rank 0."""
+    shuffle = setting(args, state, "_shuffle")
+    window = getattr(args, "shuffle_window", None)
+    stored = state["_shuffle_window"]  # the default is stored too: pass that on as unset
+    if window is None and shuffle and state["_shuffle"] and stored != DEFAULT_SHUFFLE_WINDOW:
+        window = stored
+    dataset = StructuredDataset(
+        paths(path),
+        setting(args, state, "_format"),
+        split_bytes=setting(args, state, "_split_bytes"),
+        shuffle=shuffle,
+        shuffle_seed=setting(args, state, "_shuffle_seed"),
+        shuffle_window=window,
+        rank=0,
+        world_size=setting(args, state, "_world_size"),
+        even_batches=setting(args, state, "_even_batches"),
+        storage_options=args.storage_options,
+    )
+    return epochs_of(dataset)
+
+
+def epochs_of(dataset: StructuredDataset) -> Epochs:
+    """The dataset's pure epoch logic (plans, positions, states): the one private used here."""
+    return dataset._epochs
+
+
+def paths(given: Sequence[str]) -> str | list[str]:
+    return given[0] if len(given) == 1 else list(given)
+
+
+def resume(epochs: Epochs, state: Mapping[str, Any], workers: int | None) -> Progress:
+    """Progress of ``state`` on its rank: the checks of ``load_state_dict`` and of iteration."""
+    mine = replace(epochs, rank=state["_rank"])
+    start = mine.load(state, workers)
+    return mine.begin(start, state["_num_workers"] if workers is None else workers)
