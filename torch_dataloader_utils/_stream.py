@@ -101,7 +101,7 @@ def read_stream(
         batch_size=batch_size,
         drop_last=drop_last,
         sizes=iter(run_sizes),
-        end_of=(lambda p: end if p == last_full else p) if drop_last else (lambda p: p),
+        last_full=(last_full, end) if drop_last else None,
     )
 
 
@@ -269,9 +269,13 @@ def _runs(
     batch_size: int,
     drop_last: bool,
     sizes: Iterator[int],
-    end_of: Any,
+    last_full: tuple[Position, Position] | None,
 ) -> Iterator[Run]:
-    """Runs of ``next(sizes)`` batches each; rows are sliced, never copied."""
+    """Runs of ``next(sizes)`` batches each; rows are sliced, never copied.
+
+    ``last_full = (p, end)``: the batch ending at position ``p`` stands for ``end`` (the rows
+    after it are dropped).
+    """
     want, run, have = next(sizes), Run(), 0
     mark = 0
     for chunk, mark in chunks:
@@ -282,7 +286,10 @@ def _runs(
             if have < batch_size:
                 continue
             run.lengths.append(batch_size)
-            run.positions.append(end_of(mark - (chunk.num_rows - offset)))
+            position = mark - (chunk.num_rows - offset)
+            if last_full is not None and position == last_full[0]:
+                position = last_full[1]
+            run.positions.append(position)
             have = 0
             if len(run.lengths) == want:
                 run.chunks.append(chunk.slice(taken, offset - taken))
