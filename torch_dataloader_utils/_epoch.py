@@ -139,8 +139,9 @@ class Epochs:
             progress.positions[worker] = self._position(pieces, start.delivered, settings, worker)
         rows = self.index.split_rows
         claimed = start.delivered.union(plan.base, rows).plus(plan.deal.left_out(), rows)
-        if not _same(progress.delivered(rows), claimed):
-            raise misplaced(_first_stray(start.delivered, self.index), settings, None)
+        stray = _first_difference(claimed, progress.delivered(rows), self.index)
+        if stray is not None:
+            raise misplaced(stray, settings, None)
         if workers is not None:
             progress.positions = {w: progress.positions[w] for w in workers}
         return progress
@@ -209,12 +210,22 @@ class Epochs:
         return Start(epoch=epoch, base=delivered, delivered=delivered)
 
 
-def _same(a: Consumed, b: Consumed) -> bool:
-    return bool(np.array_equal(a.done, b.done)) and dict(a.partial) == dict(b.partial)
+def _first_difference(claimed: Consumed, implied: Consumed, index: DatasetIndex) -> str | None:
+    """The first split whose delivered rows the state claims differently from what the
+    streams' positions imply, described with both; ``None`` when they agree."""
+    differ = claimed.done != implied.done
+    splits = set(np.flatnonzero(differ).tolist())
+    splits |= {s for s in set(claimed.partial) | set(implied.partial)
+               if claimed.partial.get(s) != implied.partial.get(s)}  # fmt: skip
+    if not splits:
+        return None
+    split = min(splits)
 
+    def rows(consumed: Consumed) -> str:
+        if consumed.done[split]:
+            return "all rows"
+        return "rows " + (
+            ", ".join(f"[{a}, {b})" for a, b in consumed.partial.get(split, ())) or "none"
+        )
 
-def _first_stray(delivered: Consumed, index: DatasetIndex) -> str:
-    if delivered.partial:
-        split = min(delivered.partial)
-        return f"{index.describe(split)} ({sum(b - a for a, b in delivered.partial[split])} rows)"
-    return index.describe(int(np.argmax(delivered.done))) + " (full)"
+    return f"{index.describe(split)} ({rows(claimed)} delivered, positions imply {rows(implied)})"
