@@ -17,7 +17,7 @@ import numpy as np
 from ._config import DatasetConfig
 from ._errors import InvalidStateError
 from ._index import DatasetIndex
-from ._interleave import stream_counts
+from ._interleave import counts_at, stream_counts, window_start
 from ._plan import Consumed, EpochPlan, IntArray, Pieces, epoch_order
 from ._state import Settings, check_setting, decode, encode, merge_states, misplaced, stored_split
 
@@ -55,18 +55,45 @@ class Progress:
     shares: Mapping[int, Pieces]
     positions: dict[int, int] = field(default_factory=dict)
     cursor: int = 0
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def delivered(self, split_rows: IntArray) -> Consumed:
-        """Base, the rows ``even_batches`` left out, and every stream's delivered rows."""
-        parts = [self.plan.deal.left_out()]
+        """Base, the rows ``even_batches`` left out, and every stream's delivered rows.
+
+        What lies before each stream's current window changes only when a window ends, so it is
+        kept between calls: a call costs the windows in progress, not the epoch.
+        """
+        settled: dict[int, int] = {}
+        moving = [Pieces.empty()]
         for worker, position in self.positions.items():
-            pieces = self.shares[worker]
-            counts = stream_counts(pieces.rows, self.settings.window, position)
-            taken = np.flatnonzero(counts)
-            parts.append(
-                Pieces(pieces.splits[taken], pieces.lo[taken], pieces.lo[taken] + counts[taken])
-            )
-        return self.plan.base.plus(Pieces.concat(parts), split_rows)
+            pieces, ends = self.shares[worker], self._ends(worker)
+            first = window_start(ends, self.settings.window, position)
+            settled[worker] = first
+            part = pieces.take(slice(first, first + self.settings.window))
+            if len(part):
+                counts = counts_at(part.rows, position - int(ends[first] - part.rows[0]))
+                taken = np.flatnonzero(counts)
+                moving.append(
+                    Pieces(part.splits[taken], part.lo[taken], part.lo[taken] + counts[taken])
+                )
+        return self._settled(settled, split_rows).plus(Pieces.concat(moving), split_rows)
+
+    def _settled(self, firsts: dict[int, int], split_rows: IntArray) -> Consumed:
+        """Base, left-out rows and every piece before each stream's window ``firsts[worker]``."""
+        key = tuple(sorted(firsts.items()))
+        if self._cache.get("settled_key") != key:
+            before = [self.shares[w].take(slice(0, first)) for w, first in firsts.items()]
+            pieces = Pieces.concat([self.plan.deal.left_out(), *before])
+            self._cache["settled"] = self.plan.base.plus(pieces, split_rows)
+            self._cache["settled_key"] = key
+        settled: Consumed = self._cache["settled"]
+        return settled
+
+    def _ends(self, worker: int) -> IntArray:
+        ends: IntArray = self._cache.setdefault(
+            ("ends", worker), np.cumsum(self.shares[worker].rows)
+        )
+        return ends
 
     def left_out(self) -> int:
         return int(self.plan.deal.left_out().rows.sum())

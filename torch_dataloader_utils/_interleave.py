@@ -19,7 +19,7 @@ import numpy as np
 
 from ._plan import IntArray
 
-__all__ = ["MAX_PIECE_ROWS", "counts_at", "mixing_order", "stream_counts"]
+__all__ = ["MAX_PIECE_ROWS", "counts_at", "mixing_order", "stream_counts", "window_start"]
 
 _SHIFT = 30
 MAX_PIECE_ROWS = 1 << _SHIFT  # keeps every product below 2^62
@@ -74,13 +74,18 @@ def mixing_order(rows: IntArray, start: IntArray, stop: IntArray) -> IntArray:
     return np.sort((keys << bits) | index, kind="stable") & ((1 << bits) - 1)
 
 
+def window_start(ends: IntArray, window: int, position: int) -> int:
+    """The first piece of the window a stream is in after ``position`` rows (``ends``: the
+    cumulative rows of its pieces); every piece before it is wholly delivered."""
+    return int(np.searchsorted(ends, position, side="right")) // window * window
+
+
 def stream_counts(rows: IntArray, window: int, position: int) -> IntArray:
     """Rows of each piece a stream of pieces ``rows``, mixed ``window`` at a time, has delivered
     after its first ``position`` rows."""
     out = np.zeros(len(rows), dtype=np.int64)
     ends = np.cumsum(rows)
-    full = int(np.searchsorted(ends, position, side="right"))  # pieces wholly delivered
-    current = full // window * window  # first piece of the window in progress
+    current = window_start(ends, window, position)
     out[:current] = rows[:current]
     if current < len(rows):
         part = rows[current : current + window]

@@ -72,6 +72,10 @@ class Pieces:
         )
 
     @classmethod
+    def empty(cls) -> Pieces:
+        return cls.of([])
+
+    @classmethod
     def of(cls, items: Sequence[tuple[int, int, int]]) -> Pieces:
         """Pieces from ``(split, lo, hi)`` triples."""
         arrays = np.array(items, dtype=np.int64).reshape(-1, 3).T

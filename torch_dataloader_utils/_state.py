@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -307,7 +308,14 @@ def _partial_rows(partial: Mapping[int, Intervals], index: DatasetIndex) -> list
 
 
 def _pack_bits(done: np.ndarray) -> str:
-    return base64.b64encode(zlib.compress(np.packbits(done).tobytes(), 6)).decode("ascii")
+    return _compressed(np.packbits(done).tobytes())
+
+
+@functools.lru_cache(maxsize=8)
+def _compressed(bits: bytes) -> str:
+    """zlib + base64 of a bitmap; cached, since it changes only when a split completes and
+    compressing 100,000 shuffled bits costs a millisecond (StatefulDataLoader asks every step)."""
+    return base64.b64encode(zlib.compress(bits, 6)).decode("ascii")
 
 
 def _unpack_bits(text: str, count: int, key: str) -> np.ndarray:
