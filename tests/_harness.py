@@ -30,6 +30,7 @@ import pyarrow as pa
 import torch
 
 from torch_dataloader_utils import StructuredDataLoader, StructuredDataset
+from torch_dataloader_utils._convert import JaggedArray
 
 __all__ = [
     "TRANSFORMS",
@@ -88,7 +89,11 @@ def canonical(batch: Any) -> dict[str, Any]:
     assert isinstance(batch, dict), f"unexpected batch type {type(batch).__name__}"
     out = {}
     for name, value in batch.items():
-        if isinstance(value, torch.Tensor | np.ndarray):
+        if isinstance(value, torch.Tensor) and value.layout == torch.jagged:  # list columns
+            out[name] = (f"jagged {value.dtype}", [_plain(r.tolist()) for r in value.unbind()])
+        elif isinstance(value, JaggedArray):
+            out[name] = (f"jagged {value.values.dtype}", _plain(value.tolist()))
+        elif isinstance(value, torch.Tensor | np.ndarray):
             out[name] = (str(value.dtype), _plain(value.tolist()))
         else:
             out[name] = (type(value).__name__, _plain(list(value)))

@@ -80,7 +80,9 @@ def _check_values(batch, array=lambda v: v.tolist()):
     assert list(batch["dict_s"]) == ["a", "b", "a", "c", "b", "a"]
     assert list(batch["s"]) == [f"s{i}" for i in range(N)]
     assert list(batch["ls"]) == [f"L{i}" for i in range(N)]
-    assert batch["lst"] == [[i] * i for i in range(N)]
+    lst = batch["lst"]
+    rows = [t.tolist() for t in lst.unbind()] if isinstance(lst, torch.Tensor) else lst.tolist()
+    assert rows == [[i] * i for i in range(N)]
 
 
 def test_torch_output(typed_dir: Path):
@@ -90,8 +92,9 @@ def test_torch_output(typed_dir: Path):
         assert batch[name].dtype == dtype, name
         assert batch[name].shape[0] == N
     assert batch["fsl"].shape == (N, 3)
-    for name in ("s", "ls", "dict_s", "lst"):
+    for name in ("s", "ls", "dict_s"):
         assert isinstance(batch[name], list), name
+    assert batch["lst"].is_nested and batch["lst"].layout == torch.jagged  # list<int64>
     _check_values(batch)
 
 
@@ -103,7 +106,7 @@ def test_numpy_output(typed_dir: Path):
     assert batch["fsl"].shape == (N, 3)
     for name in ("s", "ls"):  # strings: object arrays
         assert isinstance(batch[name], np.ndarray) and batch[name].dtype == object, name
-    assert isinstance(batch["lst"], list)
+    assert batch["lst"].values.dtype == np.int64 and len(batch["lst"]) == N  # JaggedArray
     _check_values(batch)
 
 

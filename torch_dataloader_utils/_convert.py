@@ -9,6 +9,12 @@ int*, uint*, float*, bool      tensor of the same dtype (floats: nulls become Na
 timestamp, date, time,         int64 (int32 for date32/time32) tensor of the stored unit
 duration
 fixed_size_list of the above   tensor of shape ``(rows, size, ...)``
+list, large_list of int*,      ``torch.jagged`` nested tensor (``rows`` x ragged): Arrow's
+uint*, float*, bool,           values (as tensors above) and ``int64`` offsets from 0, via
+timestamp, date, time,         ``torch.nested.nested_tensor_from_jagged``; numpy:
+duration                       :class:`JaggedArray` ``(values, offsets)``
+list of fixed_size_list        ``ValueError`` naming the column and its type
+list of anything else          ``list`` of Python lists (``to_pylist``), as below
 dictionary                     decoded, then as its value type
 string, large_string           ``list[str]`` (numpy: object array)
 interval (any unit)            ``ValueError`` naming the column and its type: pyarrow's
@@ -19,29 +25,72 @@ anything else                  ``list`` of Python values (``to_pylist``)
 =============================  ==============================================================
 
 Nulls in integer, boolean, temporal or fixed-size-list columns have no tensor value; they
-raise ``ValueError`` naming the column and its type. So does a value that Python cannot
-represent (a timestamp past year 9999 inside a struct, say), and a batch with two columns of
-one name (a dict holds one). Use ``output="arrow"`` to handle these yourself. Messages name the
-column, not the file: callers add where the batch came from.
+raise ``ValueError`` naming the column and its type. So do null rows of a list column turned
+into a jagged tensor, and null values inside its lists (floats included). So does a value
+that Python cannot represent (a timestamp past year 9999 inside a struct, say), and a batch
+with two columns of one name (a dict holds one). Use ``output="arrow"`` to handle these
+yourself. Messages name the column, not the file: callers add where the batch came from.
+
+The first jagged tensor in a process imports torch's symbolic-shape machinery (about 0.4 s,
+once; forked workers inherit it). A padded ``(rows, max_len)`` tensor is one call away:
+``torch.nested.to_padded_tensor(t, pad_value)``.
 
 Tensors share memory with Arrow (DLPack, no copy) when the format decodes into fresh memory
 (Parquet); otherwise (Arrow IPC, whose buffers may view the bytes read from storage) they are
-copied once.
+copied once. A jagged tensor's values follow the same rule; its offsets are always a new
+``int64`` tensor (Arrow's, minus the first, so a sliced array starts at 0).
 numpy outputs are read-only views where Arrow allows it.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.types as pat
 import torch
 from torch.utils.dlpack import from_dlpack
 
-__all__ = ["OUTPUTS", "convert", "converted_row_bytes"]
+__all__ = ["OUTPUTS", "JaggedArray", "convert", "converted_row_bytes", "is_jagged", "jagged"]
 
 OUTPUTS = ("torch", "numpy", "arrow")
+
+# Items per row assumed for a list column when sizing shared-memory packets from the schema
+# alone (real widths vary; a packet that outgrows its slot still arrives, shared by torch).
+_LIST_ROW_ITEMS = 256
+
+
+@dataclass(frozen=True, eq=False)
+class JaggedArray:
+    """A list column under ``output="numpy"``: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
+
+    ``values`` holds every row's items one after another (numpy, as the item type maps);
+    ``offsets`` is ``int64``, one longer than the rows, from 0. ``len()`` is the rows.
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, row: int) -> np.ndarray:
+        if not -len(self) <= row < len(self):
+            raise IndexError(f"row {row} of a JaggedArray of {len(self)} rows")
+        row %= len(self)
+        return self.values[self.offsets[row] : self.offsets[row + 1]]
+
+    def tolist(self) -> list[list[Any]]:
+        """Rows as Python lists (per-row work: for inspection, not for the training loop)."""
+        return [self[row].tolist() for row in range(len(self))]
+
+
+def is_jagged(value: object) -> bool:
+    """Is ``value`` a ``torch.jagged`` nested tensor?"""
+    return isinstance(value, torch.Tensor) and value.layout == torch.jagged
 
 
 def convert(batch: pa.RecordBatch, output: str, *, copy: bool) -> Any:
@@ -68,6 +117,9 @@ def converted_row_bytes(schema: pa.Schema) -> int:
 
 
 def _fixed_bytes(kind: pa.DataType) -> int:
+    if _is_list(kind):  # offsets, and the items at an assumed width
+        items = _fixed_bytes(kind.value_type)
+        return 8 + _LIST_ROW_ITEMS * items if items else 0
     if pat.is_dictionary(kind):
         return _fixed_bytes(kind.value_type)
     if pat.is_fixed_size_list(kind):
@@ -81,6 +133,10 @@ def _fixed_bytes(kind: pa.DataType) -> int:
 
 def _tensor(array: pa.Array, name: str, copy: bool) -> Any:
     array = _decoded(array)
+    parts = _list_parts(array, name)
+    if parts is not None:
+        values, offsets = parts
+        return jagged(_tensor(values, name, copy), torch.from_numpy(offsets))
     flat = _fixed_width(array, name)
     if flat is None:
         if pat.is_string(array.type) or pat.is_large_string(array.type):
@@ -97,6 +153,10 @@ def _tensor(array: pa.Array, name: str, copy: bool) -> Any:
 
 def _array(array: pa.Array, name: str) -> Any:
     array = _decoded(array)
+    parts = _list_parts(array, name)
+    if parts is not None:
+        values, offsets = parts
+        return JaggedArray(_array(values, name), offsets)
     flat = _fixed_width(array, name)
     if flat is None:
         if pat.is_string(array.type) or pat.is_large_string(array.type):
@@ -127,6 +187,57 @@ def _fixed_width(array: pa.Array, name: str) -> tuple[pa.Array, tuple[int, ...]]
     elif not pat.is_floating(kind):
         return None
     return array, (len(array),)
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return bool(pat.is_list(kind) or pat.is_large_list(kind))
+
+
+def _list_parts(array: pa.Array, name: str) -> tuple[pa.Array, np.ndarray] | None:
+    """A list column's values and ``int64`` offsets from 0; ``None`` when its items have no
+    tensor form (strings, lists, structs: left to ``to_pylist``)."""
+    kind = array.type
+    if not _is_list(kind):
+        return None
+    item = kind.value_type
+    if pat.is_dictionary(item):
+        item = item.value_type
+    if pat.is_fixed_size_list(item):
+        raise ValueError(
+            f"column {name!r} ({kind}): lists of fixed-size lists have no tensor form here; "
+            f"store the items flat (list<{item.value_type}>) or read with output='arrow'"
+        )
+    tensor_items = (pat.is_integer, pat.is_floating, pat.is_boolean, pat.is_temporal)
+    if not any(test(item) for test in tensor_items) and not pat.is_interval(item):
+        return None  # (intervals go on, to be refused by name)
+    if array.null_count:
+        raise ValueError(
+            f"column {name!r} ({kind}) has {array.null_count} null list(s), which have no "
+            f"tensor value; fill them in the data (an empty list) or read with output='arrow'"
+        )
+    values = array.flatten()  # the rows' items only, also for a sliced array (zero-copy)
+    if values.null_count:
+        raise ValueError(
+            f"column {name!r} ({kind}) has {values.null_count} null value(s) inside its lists, "
+            f"which have no tensor value; fill them in the data or read with output='arrow'"
+        )
+    offsets = array.offsets.to_numpy()
+    return values, np.subtract(offsets, offsets[0], dtype=np.int64)
+
+
+def jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``torch.nested.nested_tensor_from_jagged``, without the warning torch logs on its
+    first call in a process (about fx tracing, which this library never does)."""
+    fx_log = logging.getLogger("torch.fx._symbolic_trace")
+    fx_log.addFilter(_no_fx_notice)
+    try:
+        return torch.nested.nested_tensor_from_jagged(values, offsets)
+    finally:
+        fx_log.removeFilter(_no_fx_notice)
+
+
+def _no_fx_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("is_fx_tracing will return true")
 
 
 def _python(array: pa.Array, name: str) -> list[Any]:

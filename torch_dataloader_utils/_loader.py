@@ -9,8 +9,10 @@ from typing import Any
 import torch.utils.data
 
 from ._dataset import StructuredDataset
+from ._epoch import Progress
+from ._packing import LostBatchesError, UnsendableBatchError, WorkerFailure
 from ._stream import Position
-from ._transport import SharedSlots
+from ._transport import Packet, SharedSlots
 
 __all__ = ["StructuredDataLoader"]
 
@@ -59,34 +61,42 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         if slots is None or not (
             start.is_fresh and self.persistent_workers and self._iterator is not None
         ):
-            if self._iterator is not None:
-                self._iterator._shutdown_workers()  # type: ignore[attr-defined]
-                self._iterator = None
+            self._stop_workers()
             slots = self._slots = SharedSlots(self.num_workers)
         slots.begin(start.epoch if start.is_fresh else None)
         with dataset._iteration(self.num_workers, slots) as progress:
             packets = super().__iter__()
-        waiting: dict[int, deque[tuple[Any, Position]]] = {
-            w: deque() for w in range(self.num_workers)
-        }
-        sending = set(waiting)  # workers whose last packet has not arrived
-        worker = progress.cursor
+        arrivals = _Arrivals(self, progress)
         pin = self.pin_memory and torch.accelerator.is_available()
+        worker = progress.cursor
+        failed = True
         try:
-            while sending or any(waiting.values()):
-                while not waiting[worker] and worker in sending:
-                    packet = next(packets)
-                    waiting[packet.worker].extend(packet.unpack(slots, pin=pin))
-                    if packet.last:
-                        sending.discard(packet.worker)
-                if waiting[worker]:
-                    batch, position = waiting[worker].popleft()
-                    progress.positions[worker] = position
+            while arrivals.pending():
+                while arrivals.awaits(worker):
+                    arrivals.receive(next(packets, None), slots, pin)
+                batch = arrivals.take(worker)
+                if batch is not _NOTHING:
                     progress.cursor = (worker + 1) % self.num_workers
                     yield batch
                 worker = (worker + 1) % self.num_workers
+            failed = False
+        except GeneratorExit:  # the training loop stopped early: persistent workers stay
+            failed = False
+            raise
         finally:
             slots.end()  # workers still waiting for a slot give up
+            if failed or not self.persistent_workers:
+                self._stop_workers(packets)
+
+    def _stop_workers(self, packets: Any = None) -> None:
+        """Stop the workers of ``packets`` (and of the kept iterator) now, not when the iterator
+        is collected: collected later, inside a forked worker of another loader, it prints
+        ``Exception ignored in _MultiProcessingDataLoaderIter.__del__``."""
+        for iterator in (packets, self._iterator):
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+        self._iterator = None
 
     def __len__(self) -> int:
         """Batches this rank yields in the epoch (``DataLoader.__len__`` would count packets)."""
@@ -141,3 +151,111 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         (``StructuredDataset.restore_state_global``).
         """
         self.dataset.restore_state_global(state, src_rank=src_rank, elastic=elastic)
+
+
+_NOTHING = object()  # no batch of this worker yet
+
+
+class _Arrivals:
+    """What has arrived from each worker: batches not yet handed out, and checks that none
+    was lost (packets numbered without a gap, every worker's last one received)."""
+
+    def __init__(self, loader: StructuredDataLoader, progress: Progress) -> None:
+        self._loader = loader
+        self._progress = progress
+        workers = range(loader.num_workers)
+        self._waiting: dict[int, deque[tuple[Any, Position] | WorkerFailure]] = {
+            w: deque() for w in workers
+        }
+        self._sending = set(workers)  # workers whose last packet has not arrived
+        self._next = dict.fromkeys(workers, 0)  # the number of each worker's next packet
+        self._received = {w: progress.positions[w] for w in workers}  # position after them
+
+    def pending(self) -> bool:
+        return bool(self._sending) or any(self._waiting.values())
+
+    def awaits(self, worker: int) -> bool:
+        """Must ``worker``'s next batch still arrive?"""
+        return not self._waiting[worker] and worker in self._sending
+
+    def receive(self, packet: Packet | None, slots: SharedSlots, pin: bool) -> None:
+        """File ``packet`` (``None``: the DataLoader has ended) under its worker."""
+        if packet is None:
+            raise LostBatchesError(self._unfinished())
+        worker = packet.worker
+        if packet.seq != self._next[worker]:
+            raise LostBatchesError(self._gap(worker, packet.seq))
+        self._next[worker] += 1
+        if packet.last:
+            self._sending.discard(worker)
+        if packet.error is not None:  # its positions are those of the batches it could not send
+            self._waiting[worker].append(packet.error)
+            return
+        self._waiting[worker].extend(packet.unpack(slots, pin=pin))
+        if packet.positions:
+            self._received[worker] = packet.positions[-1]
+
+    def take(self, worker: int) -> Any:
+        """``worker``'s next batch, its position recorded; raises what ended its stream."""
+        if not self._waiting[worker]:
+            return _NOTHING
+        item = self._waiting[worker].popleft()
+        if isinstance(item, WorkerFailure):
+            raise self._reraised(worker, item)
+        batch, position = item
+        self._progress.positions[worker] = position
+        return batch
+
+    def _reraised(self, worker: int, failure: WorkerFailure) -> BaseException:
+        exc = failure.exception
+        if isinstance(exc, UnsendableBatchError):
+            where = self._describe(worker, self._received[worker] + 1)
+            exc = UnsendableBatchError(
+                f"DataLoader worker {worker} cannot send a batch of split {where} to the training "
+                f"process: {exc}. Everything a worker sends must pickle: return tensors, "
+                f"arrays, lists or plain Python values from the transform, cast or drop the "
+                f"column (columns=[...]), or use num_workers=0"
+            )
+            exc.add_note(f"(raised in DataLoader worker {worker})")
+            return exc
+        exc.add_note(f"(raised in DataLoader worker {worker}; its traceback follows)")
+        exc.add_note(failure.traceback.rstrip())
+        return exc
+
+    def _gap(self, worker: int, seq: int) -> str:
+        expected = self._next[worker]
+        if seq < expected:
+            return (
+                f"DataLoader worker {worker} sent packet {seq} after packet {expected - 1}: "
+                f"its batches arrived out of order or twice"
+            )
+        lost = f"packet {expected}" if seq == expected + 1 else f"packets {expected}-{seq - 1}"
+        return (
+            f"DataLoader worker {worker} sent packet {seq}, but {lost} never arrived: its "
+            f"batches after row {self._received[worker]} of its share of the epoch "
+            f"({self._describe(worker, self._received[worker] + 1)}) were lost on the way to "
+            f"the training process. {_NOTHING_RECORDED}"
+        )
+
+    def _unfinished(self) -> str:
+        workers = sorted(self._sending)
+        where = "; ".join(
+            f"worker {w} after packet {self._next[w] - 1}, row {self._received[w]} of its share "
+            f"({self._describe(w, self._received[w] + 1)})"
+            for w in workers
+        )
+        return (
+            f"DataLoader worker(s) {workers} stopped before their last packet arrived ({where}): "
+            f"the rest of their share of the epoch was lost. {_NOTHING_RECORDED}"
+        )
+
+    def _describe(self, worker: int, position: Position) -> str:
+        """The split(s) of ``worker``'s stream holding the rows just before ``position``."""
+        source = self._loader.dataset._reader(self._progress, worker).source
+        return source.describe_at(position) if source.total else "an empty share"
+
+
+_NOTHING_RECORDED = (
+    "The state records only the batches handed out, so a resume from state_dict() or the last "
+    "checkpoint re-reads the lost ones (see any error printed by the worker above)."
+)

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ._convert import JaggedArray, is_jagged, jagged
 from ._stream import Position
 
 __all__ = ["Packet", "SharedSlots", "pack", "tensor_bytes"]
@@ -214,6 +215,10 @@ class Packet:
     joined RecordBatch, or the batches as they are (``lengths is None``). ``lengths`` gives
     each batch's rows, one number for all columns or one per column (a transform may change
     lengths per column).
+
+    ``seq`` numbers a worker's packets from 0 in each iteration, so the main process notices a
+    packet that never arrived. ``error`` ends a worker's stream with the exception it raised
+    (``slot`` is then -1 and there are no batches).
     """
 
     worker: int
@@ -222,6 +227,8 @@ class Packet:
     payload: Any
     lengths: list[int] | list[dict[str, int]] | None
     last: bool
+    seq: int = 0
+    error: Any = None
 
     def unpack(self, slots: SharedSlots, *, pin: bool = False) -> list[tuple[Any, Position]]:
         """The batches: views of the slot when it may be lent, else copies (pinned if ``pin``)."""
@@ -265,37 +272,60 @@ def pack(
     positions: list[Position],
     *,
     last: bool,
+    seq: int = 0,
 ) -> Packet:
-    """A packet of ``worker`` from ``parts`` (chunks or batches) in stream order.
+    """Packet ``seq`` of ``worker`` from ``parts`` (chunks or batches) in stream order.
 
-    Dict parts have their tensor and numeric numpy columns written into ``slot``.
+    Dict parts have their tensor and numeric numpy columns written into ``slot``; a column of
+    scalars or 0-d tensors/arrays (a transform's per-batch value) stays one value per batch.
     """
     if parts and all(isinstance(p, pa.RecordBatch) for p in parts):
-        return Packet(worker, slot, positions, pa.concat_batches(parts), lengths, last)
+        return Packet(worker, slot, positions, pa.concat_batches(parts), lengths, last, seq)
     if parts and all(isinstance(p, dict) and list(p) == list(parts[0]) for p in parts):
         offset = 0
         payload: dict[str, Any] = {}
         for key in parts[0]:
+            values = [p[key] for p in parts]
+            if any(_is_scalar(v) for v in values):
+                payload[key] = _Unjoined(values)
+                continue
             payload[key], offset = _join(
-                [p[key] for p in parts], lambda slab: slots.view(worker, slot, slab), offset,
-                slots.slot_bytes,
-            )  # fmt: skip
-        return Packet(worker, slot, positions, payload, lengths, last)
-    return Packet(worker, slot, positions, parts, None, last)
+                values, lambda slab: slots.view(worker, slot, slab), offset, slots.slot_bytes
+            )
+        return Packet(worker, slot, positions, payload, lengths, last, seq)
+    return Packet(worker, slot, positions, parts, None, last, seq)
+
+
+def _is_scalar(value: Any) -> bool:
+    """A value without rows: a Python scalar, or a 0-d tensor or array."""
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return value.ndim == 0
+    return not hasattr(value, "__len__")
 
 
 def tensor_bytes(batch: Any) -> int:
     """Bytes of the numeric columns of a dict batch (what a slot must hold)."""
     if not isinstance(batch, dict):
         return 0
-    return sum(
-        v.nbytes + _ALIGN for v in batch.values() if isinstance(v, torch.Tensor | np.ndarray)
-    )
+    return sum(_nbytes(v) for v in batch.values())
+
+
+def _nbytes(value: Any) -> int:
+    if is_jagged(value):
+        return int(value.values().nbytes + value.offsets().nbytes) + 2 * _ALIGN
+    if isinstance(value, JaggedArray):
+        return int(value.values.nbytes + value.offsets.nbytes) + 2 * _ALIGN
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return int(value.nbytes) + _ALIGN
+    return 0
 
 
 def _join(values: list[Any], view: Any, offset: int, end: int) -> tuple[Any, int]:
     """One value for a column across parts, in the slot when it is numeric and fits."""
     first = values[0]
+    jagged = _jagged_parts(values)
+    if jagged is not None:
+        return _join_jagged(*jagged, view, offset, end)
     numeric = isinstance(first, torch.Tensor) or (
         isinstance(first, np.ndarray) and first.dtype != object
     )
@@ -315,6 +345,54 @@ def _join(values: list[Any], view: Any, offset: int, end: int) -> tuple[Any, int
     if isinstance(first, np.ndarray) and all(isinstance(v, np.ndarray) for v in values):
         return np.concatenate(values), offset
     return _Unjoined(values), offset
+
+
+@dataclass(frozen=True)
+class _Jagged:
+    """A jagged column joined across parts: every row's values, then ``int64`` offsets from 0
+    (rows + 1); each a ``_Slab`` in the slot, or a tensor when the slot is too small."""
+
+    values: Any
+    offsets: Any
+    numpy: bool
+
+
+def _jagged_parts(values: list[Any]) -> tuple[list[Any], list[np.ndarray], bool] | None:
+    """Values and offsets of parts that are all jagged alike; ``None`` otherwise."""
+    if all(isinstance(v, JaggedArray) for v in values):
+        parts, offsets, is_numpy = [v.values for v in values], [v.offsets for v in values], True
+    elif all(is_jagged(v) for v in values):
+        parts, offsets = [v.values() for v in values], [v.offsets().numpy() for v in values]
+        is_numpy = False
+    else:
+        return None
+    return (parts, offsets, is_numpy) if _uniform(parts) else None
+
+
+def _join_jagged(
+    parts: list[Any], offsets: list[np.ndarray], is_numpy: bool, view: Any, offset: int,
+    end: int,
+) -> tuple[_Jagged, int]:  # fmt: skip
+    """Values one after another (as ``_join`` does), offsets shifted by the rows before."""
+    rows = sum(len(o) - 1 for o in offsets)
+    values, after = _join(parts, view, offset, end)
+    slab = _Slab(after, torch.int64, (rows + 1,), is_numpy)
+    nbytes = (rows + 1) * 8
+    if isinstance(values, _Slab) and after + nbytes <= end:
+        _shifted(offsets, view(slab).numpy())
+        return _Jagged(values, slab, is_numpy), after + (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    joined = np.empty(rows + 1, dtype=np.int64)
+    _shifted(offsets, joined)
+    return _Jagged(values, joined, is_numpy), after
+
+
+def _shifted(offsets: list[np.ndarray], out: np.ndarray) -> None:
+    """``offsets`` of consecutive parts as one run of offsets from 0, written into ``out``."""
+    row, base = 0, 0
+    for own in offsets:
+        np.add(own[:-1], base - own[0], out=out[row : row + len(own) - 1])
+        row, base = row + len(own) - 1, base + int(own[-1] - own[0])
+    out[row] = base
 
 
 def _concatenate(values: list[Any], target: torch.Tensor) -> None:
@@ -346,6 +424,8 @@ def _cut(value: Any, lengths: list[int], view: Any, lend: bool, pin: bool) -> li
     """A joined column cut back into per-batch values (slot views, or copies of them)."""
     if isinstance(value, _Unjoined):
         return value.values
+    if isinstance(value, _Jagged):
+        return _cut_jagged(value, lengths, view, lend, pin)
     if isinstance(value, _Slab):
         parts = torch.split(view(value), lengths)
         if not lend:
@@ -355,6 +435,31 @@ def _cut(value: Any, lengths: list[int], view: Any, lend: bool, pin: bool) -> li
         return [p.pin_memory() if pin else p for p in torch.split(value, lengths)]
     bounds = np.cumsum([0, *lengths])
     return [value[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def _cut_jagged(value: _Jagged, lengths: list[int], view: Any, lend: bool, pin: bool) -> list[Any]:
+    """Per-batch jagged values: views of the joined values (copies unless the slot is lent),
+    offsets rebased to 0 (always new: they are small)."""
+    in_slot = isinstance(value.values, _Slab)
+    values = view(value.values) if in_slot else torch.as_tensor(value.values)
+    offsets = value.offsets
+    bounds = view(offsets).numpy() if isinstance(offsets, _Slab) else offsets
+    out: list[Any] = []
+    row = 0
+    for length in lengths:
+        own = bounds[row : row + length + 1]
+        part = values[int(own[0]) : int(own[-1])]
+        if in_slot and not lend:
+            part = part.clone()
+        rebased = torch.from_numpy(np.subtract(own, own[0]))
+        if value.numpy:
+            out.append(JaggedArray(part.numpy(), rebased.numpy()))
+        elif pin:
+            out.append(jagged(part.pin_memory(), rebased.pin_memory()))
+        else:
+            out.append(jagged(part, rebased))
+        row += length
+    return out
 
 
 def _itemsize(dtype: torch.dtype) -> int:

@@ -1,0 +1,193 @@
+"""Variable-length token columns (``input_ids: list<int32>``) to tensors, ours vs raw pyarrow.
+
+Generated data (cached under ``bench_output/tokens``): 4 Parquet files x 50,000 rows, each row
+16-511 random token ids (about 53 M tokens, 200 MiB decoded). Contenders, batches of 1,024 rows:
+
+* ``raw threads=T|F``: ``pq.ParquetFile(f).iter_batches(batch_size=1024, use_threads=T)``, then
+  the column's values (``flatten()``, DLPack) and its offsets rebased to 0
+  (``torch.from_numpy``): what a user writes by hand; the faster variant (by median) is the
+  baseline;
+* ``ours w0`` / ``ours w2``: ``StructuredDataset.create_dataloader(dir, batch_size=1024,
+  num_workers=0 | 2)``, each batch's ``input_ids`` a ``torch.jagged`` nested tensor; timed from
+  ``iter(loader)`` to the last batch (worker start-up included).
+
+Runs are interleaved (raw T, raw F, w0, w2, raw T, ...); ratios are medians of per-round ratios.
+
+    python benchmarks/bench_tokens.py [--data DIR] [--repeats K] [--plot out.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from _bench_util import cached_files, machine_note, paired, plot_bars, summary, timed
+from torch.utils.dlpack import from_dlpack
+
+from torch_dataloader_utils import StructuredDataset
+
+BATCH = 1024
+TARGET = 0.8
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--data", default="bench_output/tokens", help="dataset directory")
+    p.add_argument("--files", type=int, default=4, help="Parquet files")
+    p.add_argument("--rows", type=int, default=50_000, help="rows per file")
+    p.add_argument("--row-group-rows", type=int, default=10_000, help="rows per row group")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved runs per contender")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
+    p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    return p.parse_args(argv)
+
+
+def token_files(args: argparse.Namespace) -> list[str]:
+    wanted = {"kind": "tokens", "files": args.files, "rows": args.rows, "lengths": [16, 511],
+              "row_group_rows": args.row_group_rows, "seed": 0}  # fmt: skip
+
+    def write(root: Path) -> None:
+        for number in range(args.files):
+            rng = np.random.default_rng([0, number])
+            lengths = rng.integers(16, 512, args.rows)
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            values = rng.integers(0, 50_257, int(offsets[-1]), dtype=np.int32)
+            ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+            path = root / f"part-{number:05d}.parquet"
+            tmp = path.with_name("." + path.name + ".tmp")
+            pq.write_table(pa.table({"input_ids": ids}), tmp, row_group_size=args.row_group_rows)
+            os.replace(tmp, path)
+
+    return cached_files(args.data, wanted, args.files, write)
+
+
+# ----------------------------------------------------------------------------- contenders
+
+
+def raw_pyarrow(files: list[str], use_threads: bool) -> tuple[int, int]:
+    """The baseline: values + offsets -> tensors by hand. Returns (rows, tokens)."""
+    rows = tokens = 0
+    for path in files:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH, use_threads=use_threads):
+            column = batch.column(0)
+            values = from_dlpack(column.flatten())
+            offsets = column.offsets.to_numpy()
+            offsets = torch.from_numpy(np.subtract(offsets, offsets[0], dtype=np.int64))
+            rows += len(offsets) - 1
+            tokens += len(values)
+    return rows, tokens
+
+
+def ours(data: str, num_workers: int) -> tuple[int, int]:
+    loader, _ = StructuredDataset.create_dataloader(data, batch_size=BATCH, num_workers=num_workers)
+    rows = tokens = 0
+    for batch in loader:
+        ids = batch["input_ids"]
+        rows += len(ids)
+        tokens += len(ids.values())
+    return rows, tokens
+
+
+def interleaved(
+    contenders: dict[str, Callable[[], tuple[int, int]]], repeats: int, expected: tuple[int, int]
+) -> dict[str, list[float]]:
+    """Seconds per epoch of every contender, run in turn ``repeats`` times."""
+    seconds: dict[str, list[float]] = {name: [] for name in contenders}
+    for repeat in range(repeats):
+        for name, run in contenders.items():
+            took, counts = timed(run)
+            gc.collect()
+            if counts != expected:
+                raise SystemExit(f"{name} delivered {counts}, expected {expected}")
+            seconds[name].append(took)
+        line = "  ".join(f"{n}={expected[1] / s[-1] / 1e6:6.1f}M" for n, s in seconds.items())
+        print(f"  run {repeat + 1}/{repeats}: {line} tokens/s", flush=True)
+    return seconds
+
+
+def report(seconds: dict[str, list[float]], rows: int, tokens: int) -> dict[str, Any]:
+    speed = {name: [1 / s for s in values] for name, values in seconds.items()}
+    print("\nmedian of runs (best in brackets)")
+    for name, values in speed.items():
+        s = summary(values)
+        print(
+            f"  {name:<18}{s['median'] * tokens / 1e6:7.1f} M tokens/s "
+            f"{s['median'] * rows / 1e3:7.1f} k rows/s   [best {s['best'] * tokens / 1e6:.1f} M]"
+        )
+    raw = max(("raw threads=T", "raw threads=F"), key=lambda n: statistics.median(speed[n]))
+    print(f"\nbaseline = {raw} (the faster raw variant by median)")
+    ratios: dict[str, Any] = {"baseline": raw}
+    for ours_name in ("ours w0", "ours w2"):
+        r = paired(speed, ours_name, raw)
+        ratios[f"{ours_name.replace(' ', '_')}_over_raw"] = r
+        ok = "meets" if r["paired_median"] >= TARGET else "MISSES"
+        print(
+            f"  {ours_name + ' / raw':<18}= {r['paired_median']:5.2f}   ({ok} target ≥ {TARGET}; "
+            f"ratio of medians {r['of_medians']:.2f}, best/best {r['best_over_best']:.2f})"
+        )
+    return ratios
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault(
+        "TDU_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(args.data)), "index_cache")
+    )
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    torch.set_num_threads(1)  # the docs' advice with workers on few cores
+    took, files = timed(lambda: token_files(args))
+    rows, tokens = raw_pyarrow(files, True)  # also warms the page cache
+    # Untimed: the first jagged tensor of a process imports torch's symbolic shapes (~0.4 s,
+    # once); forked workers inherit the imports.
+    first, _ = timed(lambda: ours(args.data, 0))
+    size = sum(os.path.getsize(f) for f in files)
+    print(
+        f"dataset: {args.data}: {len(files)} files, {rows:,} rows, {tokens:,} tokens "
+        f"(list<int32>, 16-511 per row), {size / 2**20:.0f} MiB stored; ready in {took:.1f} s"
+    )
+    print(f"untimed warm-up epoch of ours w0 (imports included): {first:.2f} s")
+    print(f"batch_size={BATCH}; run at {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print(f"machine: {machine_note()}")
+    contenders: dict[str, Callable[[], tuple[int, int]]] = {
+        "raw threads=T": lambda: raw_pyarrow(files, True),
+        "raw threads=F": lambda: raw_pyarrow(files, False),
+        "ours w0": lambda: ours(args.data, 0),
+        "ours w2": lambda: ours(args.data, 2),
+    }
+    print(f"\n{args.repeats} interleaved runs per contender:")
+    seconds = interleaved(contenders, args.repeats, (rows, tokens))
+    ratios = report(seconds, rows, tokens)
+    print(f"machine after the runs: {machine_note()}")
+    if args.plot:
+        labels = list(seconds)
+        values = [tokens / statistics.median(v) for v in seconds.values()]
+        plot_bars(
+            args.plot,
+            f"list<int32> tokens to tensors, batch {BATCH} ({tokens / 1e6:.0f} M tokens)",
+            labels,
+            values,
+            "tokens/s (median)",
+            [machine_note()],
+        )
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"seconds": seconds, "rows": rows, "tokens": tokens, "ratios": ratios},
+                      out, indent=2)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
