@@ -24,9 +24,11 @@ def test_exports():
         "DataLoaderUtilsError",
         "DataSourceError",
         "InvalidStateError",
+        "LostBatchesError",
         "SchemaMismatchError",
         "StructuredDataLoader",
         "StructuredDataset",
+        "UnsendableBatchError",
     }
 
 
@@ -36,6 +38,8 @@ def test_errors_inherit_from_builtins():
     assert issubclass(t.InvalidStateError, ValueError)
     assert issubclass(t.SchemaMismatchError, ValueError)
     assert issubclass(t.DataSourceError, OSError)
+    assert issubclass(t.UnsendableBatchError, TypeError)
+    assert issubclass(t.LostBatchesError, RuntimeError)
     for name in ("CheckpointMismatchError", "InvalidStateError", "SchemaMismatchError",
-                 "DataSourceError"):  # fmt: skip
+                 "DataSourceError", "UnsendableBatchError", "LostBatchesError"):  # fmt: skip
         assert issubclass(getattr(t, name), t.DataLoaderUtilsError)

@@ -22,9 +22,14 @@ import pytest
 import torch
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from torch_dataloader_utils import DataLoaderUtilsError, StructuredDataset
+from torch_dataloader_utils import (
+    DataLoaderUtilsError,
+    LostBatchesError,
+    StructuredDataset,
+    UnsendableBatchError,
+)
 from torch_dataloader_utils import _reader as reader_module
-from torch_dataloader_utils._packing import LostBatchesError, UnsendableBatchError, _lengths
+from torch_dataloader_utils._packing import _lengths
 from torch_dataloader_utils._transport import Packet, SharedSlots, _Unjoined, pack
 
 FORK = {"multiprocessing_context": "fork"}  # workers inherit the test's monkeypatches

@@ -6,7 +6,9 @@ from ._errors import (
     DataLoaderUtilsError,
     DataSourceError,
     InvalidStateError,
+    LostBatchesError,
     SchemaMismatchError,
+    UnsendableBatchError,
 )
 from ._loader import StructuredDataLoader
 
@@ -15,9 +17,11 @@ __all__ = [
     "DataLoaderUtilsError",
     "DataSourceError",
     "InvalidStateError",
+    "LostBatchesError",
     "SchemaMismatchError",
     "StructuredDataLoader",
     "StructuredDataset",
+    "UnsendableBatchError",
 ]
 
 __version__ = "0.1.0"

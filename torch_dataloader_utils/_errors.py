@@ -4,7 +4,9 @@
     ├── CheckpointMismatchError (ValueError) a checkpoint no longer describes the data/settings
     ├── InvalidStateError (ValueError)       a state dict that is unknown, truncated or corrupted
     ├── SchemaMismatchError (ValueError)     files whose schemas differ
-    └── DataSourceError (OSError)            a file that cannot be listed, read or decoded
+    ├── DataSourceError (OSError)            a file that cannot be listed, read or decoded
+    ├── UnsendableBatchError (TypeError)     a batch a DataLoader worker cannot pickle
+    └── LostBatchesError (RuntimeError)      batches a worker sent that never arrived
 
 Missing paths raise the builtin ``FileNotFoundError`` and unknown options ``ValueError``.
 """
@@ -16,7 +18,9 @@ __all__ = [
     "DataLoaderUtilsError",
     "DataSourceError",
     "InvalidStateError",
+    "LostBatchesError",
     "SchemaMismatchError",
+    "UnsendableBatchError",
 ]
 
 
@@ -59,3 +63,12 @@ class SchemaMismatchError(DataLoaderUtilsError, ValueError):
 
 class DataSourceError(DataLoaderUtilsError, OSError):
     """A file that cannot be listed, opened, read or decoded (the file is named)."""
+
+
+class UnsendableBatchError(DataLoaderUtilsError, TypeError):
+    """A batch a DataLoader worker cannot pickle to the training process (an unpicklable
+    column type under ``output="arrow"``, a transform returning a lambda or a generator)."""
+
+
+class LostBatchesError(DataLoaderUtilsError, RuntimeError):
+    """Batches a DataLoader worker sent that never reached the training process."""

@@ -10,7 +10,8 @@ import torch.utils.data
 
 from ._dataset import StructuredDataset
 from ._epoch import Progress
-from ._packing import LostBatchesError, UnsendableBatchError, WorkerFailure
+from ._errors import LostBatchesError, UnsendableBatchError
+from ._packing import WorkerFailure
 from ._stream import Position
 from ._transport import Packet, SharedSlots
 

@@ -26,13 +26,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ._errors import DataLoaderUtilsError
+from ._errors import UnsendableBatchError
 from ._stream import Position, Run
 from ._transport import Packet, SharedSlots, _Slab, _Unjoined, pack, tensor_bytes
 
 __all__ = [
-    "LostBatchesError",
-    "UnsendableBatchError",
     "WorkerFailure",
     "batch_parts",
     "chunk_parts",
@@ -74,15 +72,6 @@ def batch_parts(batches: Iterable[tuple[Any, Position]], slot_bytes: int) -> Ite
         positions.append(position)
         nbytes += more
     yield group, _lengths(group), positions, True
-
-
-class UnsendableBatchError(DataLoaderUtilsError, TypeError):
-    """A batch a DataLoader worker cannot pickle to the training process (an unpicklable
-    column type under ``output="arrow"``, a transform returning a lambda or a generator)."""
-
-
-class LostBatchesError(DataLoaderUtilsError, RuntimeError):
-    """Batches a DataLoader worker sent that never reached the training process."""
 
 
 @dataclass(frozen=True)
