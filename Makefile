@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test soak lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,12 @@ demo: $(STAMP)
 # The coverage floor only rises (97 % measured when it was set).
 test: $(STAMP)
 	$(PY) -m pytest --cov --cov-fail-under=95
+
+# Crash soak: 100 SIGKILLs of a 2-worker training subprocess (whole group, mid-checkpoint, one
+# worker, the trainer alone), each resumed from its last checkpoint; every row once per epoch.
+# A few minutes; `tests/test_soak.py` runs an 8-kill version under `make test`.
+soak: $(STAMP)
+	$(PY) tests/_soak.py --cycles 100
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -40,6 +46,8 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_s3.py --plot bench_output/s3.png
 	$(PY) benchmarks/bench_index_cache.py --plot bench_output/index_cache.png
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_shuffle.py --plot bench_output/shuffle.png
+	$(PY) benchmarks/bench_tokens.py --plot bench_output/tokens.png
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_stall.py --plot bench_output/stall.png
 
 clean:
 	rm -rf $(VENV) demo_output bench_output .pytest_cache .mypy_cache .hypothesis

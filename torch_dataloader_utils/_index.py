@@ -25,6 +25,7 @@ from ._cache import IndexCache, open_cache, warn_once
 from ._convert import converted_row_bytes
 from ._errors import DataSourceError, SchemaMismatchError
 from ._formats import FileFormat, FileMetadata
+from ._interleave import MAX_PIECE_ROWS
 from ._plan import Split, cut_splits
 from ._storage import FileEntry, Storage
 
@@ -32,6 +33,8 @@ __all__ = ["DatasetIndex", "IndexedFile", "build_index"]
 
 _PROGRESS_MIN_FILES = 64
 _MAX_READ_THREADS = 32
+# Rows one split may hold (a shuffle window's positions are exact integer arithmetic below it).
+MAX_SPLIT_ROWS = MAX_PIECE_ROWS
 # A state names at most this many groups of files, so its size does not grow with the file count.
 MAX_FILE_GROUPS = 256
 
@@ -102,6 +105,7 @@ def build_index(
     splits = cut_splits(
         [f.metadata.unit_bytes for f in files], [f.metadata.unit_rows for f in files], split_bytes
     )
+    _check_rows(files, splits)
     if not storage.is_local:
         storage.plan_reads(_read_plans(files, splits), columns)
     return DatasetIndex(files, tuple(splits), schema)
@@ -165,6 +169,18 @@ def _read_all(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> li
                 file=sys.stderr,
             )
         )
+
+
+def _check_rows(files: Sequence[IndexedFile], splits: Sequence[Split]) -> None:
+    """A split of more rows than positions can address is a corrupted (or absurd) footer."""
+    for split in splits:
+        if split.row_length > MAX_SPLIT_ROWS:
+            file = files[split.file]
+            raise DataSourceError(
+                f"{file.display}: units {split.units.start}..{split.units.stop - 1} claim "
+                f"{split.row_length} rows, more than the {MAX_SPLIT_ROWS} one split may hold; "
+                f"the footer is likely corrupted (or write smaller row groups / record batches)"
+            )
 
 
 def _read_plans(

@@ -86,6 +86,7 @@ def send(parts: Iterable[Parts], slots: SharedSlots, worker: int) -> Iterator[Pa
     """Each packet written into a free slot of ``worker``, numbered from 0, its other values
     pickled; stops if the iteration ends first. An error ends the stream in a packet."""
     generation = slots.generation()
+    slots.guard_worker()
     stream = iter(parts)
     seq = 0
     while True:

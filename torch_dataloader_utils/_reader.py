@@ -9,6 +9,7 @@ from typing import Any
 
 from ._config import DatasetConfig
 from ._convert import convert, converted_row_bytes
+from ._errors import DataSourceError
 from ._packing import batch_parts, chunk_parts, run_sizes, send
 from ._stream import Position, Run, StreamSource, read_stream
 from ._transport import Packet, SharedSlots
@@ -58,6 +59,12 @@ class StreamReader:
         """``run``'s chunks in the output type; a value error names the splits they came from."""
         try:
             return [convert(chunk, self.config.output, copy=copy) for chunk in run.chunks]
+        except UnicodeDecodeError as exc:  # bytes no writer produces: the file is damaged
+            where = self.source.describe_at(run.positions[-1])
+            raise DataSourceError(
+                f"split {where}: a string column holds invalid UTF-8 ({exc}); the file is "
+                f"corrupted (Parquet pages without checksums cannot tell)"
+            ) from exc
         except ValueError as exc:
             where = self.source.describe_at(run.positions[-1])
             raise ValueError(f"split {where}: {exc}") from exc

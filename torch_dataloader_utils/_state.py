@@ -198,8 +198,10 @@ def _check_files(state: Mapping[str, Any], index: DatasetIndex) -> None:
         return
     stored = files.get("groups")
     current = index.file_groups()
-    if not isinstance(stored, list):
-        raise InvalidStateError("state key 'files' has no list 'groups'")
+    if not isinstance(stored, list) or not all(_is_group(g) for g in stored):
+        raise InvalidStateError(
+            "state key 'files.groups' must be a list of [first path, last path, count, digest]"
+        )
     for old, new in zip(stored, current, strict=False):
         if old != new:
             raise _file_drift(old, new)
@@ -212,6 +214,17 @@ def _check_files(state: Mapping[str, Any], index: DatasetIndex) -> None:
     old = stored[len(current)] if len(stored) > len(current) else ["(none)"] * 4
     new = current[len(stored)] if len(current) > len(stored) else ["(none)"] * 4
     raise _file_drift(old, new)
+
+
+def _is_group(group: object) -> bool:
+    return (
+        isinstance(group, list)
+        and len(group) == 4
+        and isinstance(group[0], str)
+        and isinstance(group[1], str)
+        and type(group[2]) is int
+        and isinstance(group[3], str)
+    )
 
 
 def _file_drift(old: Sequence[Any], new: Sequence[Any]) -> CheckpointMismatchError:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +46,7 @@ _GENERATION, _EPOCH, _FLAGS = 0, 1, 2  # positions in SharedSlots.control
 # Seconds a waiting worker blocks before it checks that the main process is alive.
 _PARENT_CHECK = 0.25
 _ORPHANED_EXIT = 70  # a worker's exit status once its main process is gone (EX_SOFTWARE)
+_GUARDED: set[int] = set()  # worker processes whose parent guard thread runs
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,21 @@ class SharedSlots:
             if not self._wake[worker].acquire(timeout=_PARENT_CHECK) and self._orphaned():
                 os._exit(_ORPHANED_EXIT)  # nobody is left to report to or clean up for
         return None
+
+    def guard_worker(self) -> None:
+        """Worker: exit within ``_PARENT_CHECK`` seconds once the main process is gone, also
+        while idle in torch's worker loop (which notices only after its 5 s poll)."""
+        self._watch_parent()
+        if os.getpid() in _GUARDED:
+            return
+        _GUARDED.add(os.getpid())
+        threading.Thread(target=self._guard, name="tdu-parent-guard", daemon=True).start()
+
+    def _guard(self) -> None:
+        while True:
+            time.sleep(_PARENT_CHECK)
+            if self._orphaned():
+                os._exit(_ORPHANED_EXIT)
 
     def _watch_parent(self) -> None:
         """Worker: remember its parent, to notice when it is adopted by another one."""

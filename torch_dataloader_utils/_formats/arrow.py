@@ -51,5 +51,8 @@ class ArrowFormat(FileFormat):
             batch = reader.get_batch(unit)
             if columns is not None:
                 batch = batch.select(list(columns))
+            # Nothing else checks an IPC body against its header: corrupted lengths, null counts
+            # or offsets would otherwise surface later as wrong values or another error.
+            batch.validate(full=True)
             for start in range(0, batch.num_rows, batch_rows):
                 yield batch.slice(start, batch_rows)
