@@ -6,7 +6,6 @@ epoch logic lives in ``_epoch`` and the reading of one stream in ``_reader``.
 
 from __future__ import annotations
 
-import logging
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ from ._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetC
 from ._epoch import Epochs, Progress, Start
 from ._formats import get_format
 from ._index import DatasetIndex, build_index
+from ._log import log
 from ._reader import StreamReader
 from ._storage import Storage
 from ._stream import StreamSource
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Iteration", "StructuredDataset"]
 
-logger = logging.getLogger("torch_dataloader_utils")
 
 # Decoded chunks a main-process stream reads ahead, in a thread, of the batch being converted.
 # Worker streams do not: the DataLoader already overlaps them with the main process.
@@ -317,13 +316,13 @@ def _log_start(progress: Progress) -> None:
     settings = progress.settings
     left_out = progress.left_out()
     if left_out:
-        logger.info(
+        log.info(
             "even_batches: %d row(s) of epoch %d left out so that every one of %d rank(s) "
             "reads %d rows (set even_batches=False to deliver every row)",
             left_out, plan.epoch, plan.world_size, int(plan.rank_shares(0).sum()),
         )  # fmt: skip
     if any(progress.positions.values()):
-        logger.info(
+        log.info(
             "rank %d resumes epoch %d at rows %s of its %d stream(s)",
             settings.rank, plan.epoch, list(progress.positions.values()), len(progress.positions),
         )  # fmt: skip

@@ -8,6 +8,7 @@ cache (``_cache``) are not read at all; only new or changed files are.
 from __future__ import annotations
 
 import math
+import os
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from ._convert import converted_row_bytes
 from ._errors import DataSourceError, SchemaMismatchError
 from ._formats import FileFormat, FileMetadata
 from ._interleave import MAX_PIECE_ROWS
+from ._log import log
 from ._plan import Split, cut_splits
 from ._storage import FileEntry, Storage
 
@@ -127,6 +129,11 @@ def _metadata(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> li
             cache.close()
     for i, meta in zip(missing, read, strict=True):
         found[i] = meta
+    if cache is not None:
+        log.info(
+            "index cache %s: %d of %d footer(s) cached, %d read from storage",
+            cache.path, len(entries) - len(missing), len(entries), len(missing),
+        )  # fmt: skip
     return found  # type: ignore[return-value]
 
 
@@ -165,7 +172,8 @@ def _read_all(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> li
                 total=len(entries),
                 desc="indexing files",
                 unit="file",
-                disable=len(entries) < _PROGRESS_MIN_FILES or None,
+                # only on a terminal (None), and only once per machine
+                disable=len(entries) < _PROGRESS_MIN_FILES or _local_rank() != 0 or None,
                 file=sys.stderr,
             )
         )
@@ -181,6 +189,14 @@ def _check_rows(files: Sequence[IndexedFile], splits: Sequence[Split]) -> None:
                 f"{split.row_length} rows, more than the {MAX_SPLIT_ROWS} one split may hold; "
                 f"the footer is likely corrupted (or write smaller row groups / record batches)"
             )
+
+
+def _local_rank() -> int:
+    """This process's rank on its machine (torchrun's ``LOCAL_RANK``), 0 without one."""
+    try:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        return 0
 
 
 def _read_plans(

@@ -281,7 +281,9 @@ class RemoteFile(io.RawIOBase):
             return data
 
         try:
-            data = retry_call(attempt, self._retry)
+            data = retry_call(
+                attempt, self._retry, what=f"reading {self.name} bytes [{start}, {stop})"
+            )
         except Exception as exc:
             error = self._failure(start, stop, exc)
             raise error from error.__cause__

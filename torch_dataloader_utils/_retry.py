@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ._log import log
+
 __all__ = ["DEFAULT_RETRY", "RetryPolicy", "is_transient", "policy_from_env", "retry_call"]
 
 T = TypeVar("T")
@@ -164,9 +166,14 @@ def retry_call(
     fn: Callable[[], T],
     policy: RetryPolicy = DEFAULT_RETRY,
     *,
+    what: str = "a storage call",
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """``fn()``, retried on transient errors; the last error propagates when attempts run out."""
+    """``fn()``, retried on transient errors; the last error propagates when attempts run out.
+
+    Each retry is logged (WARNING, logger ``torch_dataloader_utils``) with ``what`` was tried,
+    the error and the attempt.
+    """
     failures = 0
     while True:
         try:
@@ -175,4 +182,9 @@ def retry_call(
             failures += 1
             if failures >= policy.attempts or not is_transient(exc):
                 raise
-            sleep(policy.delay(failures))
+            delay = policy.delay(failures)
+            log.warning(
+                "%s failed (%s: %s); attempt %d of %d in %.2f s",
+                what, type(exc).__name__, exc, failures + 1, policy.attempts, delay,
+            )  # fmt: skip
+            sleep(delay)

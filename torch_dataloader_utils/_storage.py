@@ -239,7 +239,7 @@ class Storage:
     def _call(self, fn: Callable[[], T], what: str) -> T:
         """``fn()`` with retries; failures other than a missing path become DataSourceError."""
         try:
-            return retry_call(fn, self.retry)
+            return retry_call(fn, self.retry, what=self.redact(what))
         except FileNotFoundError as exc:
             raise FileNotFoundError(self.redact(str(exc))) from None
         except (OSError, ValueError) as exc:
