@@ -129,8 +129,8 @@ ODD_VALUES = st.one_of(
     st.text(max_size=12),
     st.sampled_from(["", "AAAA", "eJxjYGAAAAADAAE=", "not base64!", "2"]),
     st.lists(st.integers(min_value=-5, max_value=100), max_size=6),
-    st.just({}),
-    st.just([]),
+    st.builds(dict),  # a fresh one each time: a mutation may append to it
+    st.builds(list),
 )
 
 

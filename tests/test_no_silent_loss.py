@@ -296,7 +296,8 @@ def test_nothing_printed_by_later_loaders_after_a_worker_error(
     gc.disable()
     try:
         for _ in range(2):
-            with pytest.raises(RuntimeError, match="failed"):
+            # torch reports the init error, or (a race it has) the worker exiting first
+            with pytest.raises(RuntimeError, match="failed|exited unexpectedly"):
                 list(loader)
         assert not _running_iterators()  # the cause: workers left to the iterator's __del__
         fresh, _ = StructuredDataset.create_dataloader(
