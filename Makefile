@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test soak lint bench clean
+.PHONY: install demo test soak lint bench docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -49,5 +49,16 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_tokens.py --plot bench_output/tokens.png
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_stall.py --plot bench_output/stall.png
 
+DOCS_STAMP := $(VENV)/.installed-docs
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,docs]"
+	touch $(DOCS_STAMP)
+
+# The site (mkdocs-material; API reference from docstrings by mkdocstrings) into site/.
+# Strict: any warning (a broken link, a docstring that does not render) fails the build.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) demo_output bench_output .pytest_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) demo_output bench_output site .pytest_cache .mypy_cache .hypothesis

@@ -297,7 +297,7 @@ def test_nothing_printed_by_later_loaders_after_a_worker_error(
     try:
         for _ in range(2):
             # torch reports the init error, or (a race it has) the worker exiting first
-            with pytest.raises(RuntimeError, match="failed|exited unexpectedly"):
+            with pytest.raises(RuntimeError, match=r"failed|exited unexpectedly"):
                 list(loader)
         assert not _running_iterators()  # the cause: workers left to the iterator's __del__
         fresh, _ = StructuredDataset.create_dataloader(

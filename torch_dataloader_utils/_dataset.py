@@ -164,6 +164,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     @property
     def epoch(self) -> int:
+        """The epoch the next iteration belongs to (``set_epoch``, or a loaded checkpoint's)."""
         return self._start.epoch
 
     def set_epoch(self, epoch: int) -> None:
