@@ -11,6 +11,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,16 @@ __all__ = [
 # Generation parameters are stored beside the files; names starting with "_" are ignored by the
 # library's listing (like pyarrow.dataset), so the manifest is never read as data.
 _MANIFEST = "_bench_dataset.json"
+
+
+def quiet_setup(data: str) -> None:
+    """The package's index cache (parsed footers) beside the data, not in ~/.cache; no warnings
+    about read-only numpy views or torchdata's use of torch's deprecated ``set_vital``."""
+    os.environ.setdefault(
+        "TDU_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(data)), "index_cache")
+    )
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
 
 
 def ensure_dataset(

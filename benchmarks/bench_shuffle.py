@@ -32,13 +32,12 @@ import os
 import statistics
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _bench_util import cached_files, machine_note, paired
+from _bench_util import cached_files, machine_note, paired, quiet_setup
 
 from torch_dataloader_utils import StructuredDataset
 
@@ -389,10 +388,7 @@ def plot(path: str, q: dict[str, dict[str, float]], cost: dict[str, Any], note: 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    os.environ.setdefault(
-        "TDU_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(args.data)), "index_cache")
-    )
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    quiet_setup(args.data)
     wanted = {
         "layout": "sorted_by_file",
         "files": args.files,

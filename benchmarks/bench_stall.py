@@ -26,13 +26,12 @@ import os
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow.parquet as pq
 import torch
-from _bench_util import ensure_dataset, machine_note, plot_bars
+from _bench_util import ensure_dataset, machine_note, plot_bars, quiet_setup
 
 from torch_dataloader_utils import StructuredDataset
 
@@ -213,11 +212,7 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault(
-        "TDU_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(args.data)), "index_cache")
-    )
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+    quiet_setup(args.data)
     torch.set_num_threads(1)
     files = ensure_dataset(
         args.data, rows=args.rows, files=args.files, row_group_rows=args.row_group_rows

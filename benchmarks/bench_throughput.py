@@ -28,13 +28,12 @@ import resource
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow.parquet as pq
 import torch
-from _bench_util import ensure_dataset, machine_note, paired, plot_bars, summary, timed
+from _bench_util import ensure_dataset, machine_note, paired, plot_bars, quiet_setup, summary, timed
 
 from torch_dataloader_utils import StructuredDataset
 
@@ -267,12 +266,7 @@ def after_first_batch(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # The package's index cache (parsed footers) lives beside the data, not in ~/.cache.
-    os.environ.setdefault(
-        "TDU_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(args.data)), "index_cache")
-    )
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+    quiet_setup(args.data)
     files = ensure_dataset(
         args.data,
         rows=args.rows,

@@ -25,7 +25,6 @@ import os
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from _bench_util import cached_files, machine_note, paired, plot_bars, summary, timed
+from _bench_util import cached_files, machine_note, paired, plot_bars, quiet_setup, summary, timed
 from torch.utils.dlpack import from_dlpack
 
 from torch_dataloader_utils import StructuredDataset
@@ -143,10 +142,7 @@ def report(seconds: dict[str, list[float]], rows: int, tokens: int) -> dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault(
-        "TDU_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(args.data)), "index_cache")
-    )
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    quiet_setup(args.data)
     torch.set_num_threads(1)  # the docs' advice with workers on few cores
     took, files = timed(lambda: token_files(args))
     rows, tokens = raw_pyarrow(files, True)  # also warms the page cache

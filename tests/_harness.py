@@ -37,6 +37,7 @@ __all__ = [
     "assert_resume_exact",
     "canonical",
     "checkpoint_after",
+    "count_decoded_rows",
     "ids",
     "json_round_trip",
     "make_loader",
@@ -193,6 +194,30 @@ def assert_resume_exact(
     assert rest == full[k:]
     assert resume(case, torch_round_trip(state)) == full[k:]
     return state
+
+
+# ---------------------------------------------------------------------------- reads
+
+
+def count_decoded_rows(monkeypatch: Any, fmt: str) -> list[tuple[int, int]]:
+    """Record ``(first unit, rows decoded)`` of every ``read_units`` call of format ``fmt``."""
+    from torch_dataloader_utils._formats import get_format
+
+    read: list[tuple[int, int]] = []
+    cls = type(get_format(fmt))
+    original = cls.read_units
+
+    def counting(self, source, metadata, units, columns, batch_rows):
+        rows = 0
+        try:
+            for batch in original(self, source, metadata, units, columns, batch_rows):
+                rows += batch.num_rows
+                yield batch
+        finally:  # the reader may stop early, once its piece's rows are read
+            read.append((units.start, rows))
+
+    monkeypatch.setattr(cls, "read_units", counting)
+    return read
 
 
 # ---------------------------------------------------------------------------- new process

@@ -184,8 +184,6 @@ def test_elastic_resume_with_other_num_workers(parquet_dir, small_split, before,
 def test_resume_rereads_at_most_one_unit(tmp_path, monkeypatch, fmt):
     """O(1) resume: completed splits are not read; the split in progress is re-entered at the
     row group / record batch holding its next row."""
-    from torch_dataloader_utils._formats import get_format
-
     write_dataset(tmp_path, [230, 170, 300], row_group_size=16, format=fmt)
     case = {
         "path": str(tmp_path),
@@ -199,19 +197,7 @@ def test_resume_rereads_at_most_one_unit(tmp_path, monkeypatch, fmt):
     assert [p[1:3] for p in state["partial"]] == [[0, 300]]
     assert state["partial"][0][4] == [0, 50]  # rows [0, 50) of the split delivered
 
-    read: list[tuple[int, int]] = []  # (first unit, rows decoded) per read_units call
-    original = type(get_format(fmt)).read_units
-
-    def counting(self, source, metadata, units, columns, batch_rows):
-        rows = 0
-        try:
-            for batch in original(self, source, metadata, units, columns, batch_rows):
-                rows += batch.num_rows
-                yield batch
-        finally:  # the reader may stop early, once its piece's rows are read
-            read.append((units.start, rows))
-
-    monkeypatch.setattr(type(get_format(fmt)), "read_units", counting)
+    read = _harness.count_decoded_rows(monkeypatch, fmt)  # (first unit, rows) per read
     assert _harness.resume(case, state) == full[45:]
     assert read[0][0] == 3  # unit 3 holds row 50 of the file
     assert sum(rows for _, rows in read) - (700 - 450) < 16  # re-read less than one unit

@@ -86,24 +86,10 @@ def test_resume_inside_a_window_rereads_at_most_one_row_group_per_split(
     """O(1) resume with shuffle: each split of the window is re-entered at the row group that
     holds its next row, so the rows decoded exceed the rows left by less than one row group
     (8 rows) per split of the window."""
-    from torch_dataloader_utils._formats import get_format
-
     case = {"path": str(twelve), "shuffle": True, "batch_size": 10, "split_bytes": 10**9}
     full = _harness.run_epoch(case)
     state, _ = _harness.checkpoint_after(case, 25)  # 250 of 480 rows, mid-window
     assert len(state["partial"]) == 12  # every split of the window is in progress
-    decoded: list[int] = []
-    original = type(get_format("parquet")).read_units
-
-    def counting(self, source, metadata, units, columns, batch_rows):
-        rows = 0
-        try:
-            for batch in original(self, source, metadata, units, columns, batch_rows):
-                rows += batch.num_rows
-                yield batch
-        finally:
-            decoded.append(rows)
-
-    monkeypatch.setattr(type(get_format("parquet")), "read_units", counting)
+    read = _harness.count_decoded_rows(monkeypatch, "parquet")
     assert _harness.resume(case, state) == full[25:]
-    assert 0 <= sum(decoded) - (480 - 250) < 12 * 8
+    assert 0 <= sum(rows for _, rows in read) - (480 - 250) < 12 * 8
