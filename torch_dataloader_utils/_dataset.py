@@ -255,9 +255,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         worker = detect_worker()
         if worker is None:  # main process: this iteration consumes the loaded start
-            with self._iteration(0) as progress:
-                pass
-            return self._deliver(0, progress, read_ahead=_READ_AHEAD)
+            with self._iteration(0) as progress:  # no worker to hand it to
+                return self._deliver(0, progress, read_ahead=_READ_AHEAD)
         iteration = self._handoff or Iteration(self._start)
         start = iteration.start
         if iteration.slots is not None and (epoch := iteration.slots.fresh_epoch()) is not None:
