@@ -44,6 +44,7 @@ numpy outputs are read-only views where Arrow allows it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,15 @@ import pyarrow.types as pat
 import torch
 from torch.utils.dlpack import from_dlpack
 
-__all__ = ["OUTPUTS", "JaggedArray", "convert", "converted_row_bytes", "is_jagged", "jagged"]
+__all__ = [
+    "OUTPUTS",
+    "JaggedArray",
+    "convert",
+    "converted_row_bytes",
+    "is_jagged",
+    "jagged",
+    "warm_up",
+]
 
 OUTPUTS = ("torch", "numpy", "arrow")
 
@@ -109,6 +118,21 @@ def convert(batch: pa.RecordBatch, output: str, *, copy: bool) -> Any:
     if output == "numpy":
         return {name: _array(column, name) for name, column in columns}
     return {name: _tensor(column, name, copy) for name, column in columns}
+
+
+def warm_up(schema: pa.Schema, output: str) -> None:
+    """Convert one row of zeros of ``schema`` once, in the main process, when it has list
+    columns: building the first jagged tensor loads ~2 s of torch modules, which DataLoader
+    workers forked afterwards inherit instead of each loading them again."""
+    if output == "arrow" or not any(_is_list(f.type) for f in schema):
+        return
+    lists = [f for f in schema if _is_list(f.type)]
+    sample = pa.RecordBatch.from_arrays(
+        [pa.array([[]], type=f.type) for f in lists], names=[f.name for f in lists]
+    )
+    # A list type that raises is reported, naming it, by the real batches.
+    with contextlib.suppress(ValueError):
+        convert(sample, output, copy=False)
 
 
 def converted_row_bytes(schema: pa.Schema) -> int:

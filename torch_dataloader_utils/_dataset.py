@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data
 
 from ._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetConfig
+from ._convert import warm_up
 from ._epoch import Epochs, Progress, Start
 from ._formats import get_format
 from ._index import DatasetIndex, build_index
@@ -101,6 +102,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         self._storage = Storage(first, storage_options)
         index = build_index(self._storage, self._format, path, config.columns, split_bytes)
         config.check_window(len(index.splits))
+        warm_up(index.schema, config.output)
         self._epochs = Epochs(
             index=index,
             config=config,
