@@ -17,30 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from _soak import children, running
 
 HERE = Path(__file__).resolve().parent
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an exited orphan may wait for a reaper that never comes)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _train(data: str) -> None:
@@ -53,7 +32,7 @@ def _train(data: str) -> None:
     for number, batch in enumerate(loader):
         kept.append(batch)
         if number == 0:
-            print("workers", *_children(os.getpid()), flush=True)
+            print("workers", *children(os.getpid()), flush=True)
         time.sleep(0.5)
 
 
@@ -75,9 +54,9 @@ def test_workers_exit_within_5s_of_a_sigkilled_trainer(tmp_path: Path):
         os.kill(trainer.pid, signal.SIGKILL)  # the trainer alone, not its process group
         trainer.wait(timeout=30)
         killed = time.monotonic()
-        while any(_running(p) for p in workers) and time.monotonic() - killed < 5.0:
+        while any(running(p) for p in workers) and time.monotonic() - killed < 5.0:
             time.sleep(0.05)
-        alive = [p for p in workers if _running(p)]
+        alive = [p for p in workers if running(p)]
         assert not alive, f"workers {alive} still running 5 s after the trainer was killed"
     finally:
         with contextlib.suppress(ProcessLookupError):
