@@ -35,15 +35,16 @@ __all__ = ["Position", "Run", "StreamSource", "prefetch", "read_stream"]
 Position = int
 T = TypeVar("T")
 
+# Rows per decoded chunk, at least this many whatever the row width.
+_MIN_CHUNK_ROWS = 256
 # Decoded bytes per chunk read in order (at least a batch, at most _MAX_READ_ROWS rows): big
 # enough to keep Python out of the loop, small enough that fresh allocations stay cheap (wide
 # rows decoded 65,536 at a time, ~70 MB a chunk, ran up to 4x slower on page faults).
 _READ_BYTES = 4 * 2**20
 _MAX_READ_ROWS = 65_536
 # Rows a mixed window's piece decodes at a time, and the window delivers at a time: bounded by
-# the memory budget, down to the minimum. Small enough that the window's decoded chunks stay hot
-# in memory: 32 pieces decoding 65,536 rows each ran 3x slower than one piece (page faults).
-_MIN_MIX_ROWS = 256
+# the memory budget. Small enough that the window's decoded chunks stay hot in memory: 32
+# pieces decoding 65,536 rows each ran 3x slower than one piece (page faults).
 _MAX_MIX_ROWS = 16_384
 
 
@@ -75,13 +76,13 @@ class StreamSource:
 
     def read_rows(self, batch_size: int) -> int:
         """Rows per decoded chunk of a piece read in order."""
-        rows = int(np.clip(_READ_BYTES // self.index.row_bytes(), _MIN_MIX_ROWS, _MAX_READ_ROWS))
+        rows = int(np.clip(_READ_BYTES // self.index.row_bytes(), _MIN_CHUNK_ROWS, _MAX_READ_ROWS))
         return max(batch_size, rows)
 
     def mix_rows(self) -> int:
         """Rows per decoded chunk of a mixed window, so ``window`` of them fit the budget."""
         budget = self.memory_bytes // self.index.row_bytes()
-        return int(np.clip(budget // (self.window + 2), _MIN_MIX_ROWS, _MAX_MIX_ROWS))
+        return int(np.clip(budget // (self.window + 2), _MIN_CHUNK_ROWS, _MAX_MIX_ROWS))
 
 
 def read_stream(
