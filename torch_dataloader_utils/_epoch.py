@@ -66,7 +66,8 @@ class Progress:
         settled: dict[int, int] = {}
         moving = [Pieces.empty()]
         for worker, position in self.positions.items():
-            pieces, ends = self.shares[worker], self._ends(worker)
+            pieces = self.shares[worker]
+            ends = pieces.ends
             first = window_start(ends, self.settings.window, position)
             settled[worker] = first
             part = pieces.take(slice(first, first + self.settings.window))
@@ -88,12 +89,6 @@ class Progress:
             self._cache["settled_key"] = key
         settled: Consumed = self._cache["settled"]
         return settled
-
-    def _ends(self, worker: int) -> IntArray:
-        ends: IntArray = self._cache.setdefault(
-            ("ends", worker), np.cumsum(self.shares[worker].rows)
-        )
-        return ends
 
     def left_out(self) -> int:
         return int(self.plan.deal.left_out().rows.sum())

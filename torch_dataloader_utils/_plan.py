@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -84,9 +85,15 @@ class Pieces:
     def take(self, index: slice | IntArray) -> Pieces:
         return Pieces(self.splits[index], self.lo[index], self.hi[index])
 
+    @cached_property
+    def ends(self) -> IntArray:
+        """Rows of the concatenation up to the end of each piece (computed once)."""
+        ends: IntArray = np.cumsum(self.rows)
+        return ends
+
     def rows_range(self, start: int, stop: int) -> Pieces:
         """The pieces cut to rows ``[start, stop)`` of their concatenation."""
-        ends = np.cumsum(self.rows)
+        ends = self.ends
         begins = ends - self.rows
         first = int(np.searchsorted(ends, start, side="right"))
         last = int(np.searchsorted(begins, stop, side="left"))
