@@ -31,7 +31,7 @@ from torch_dataloader_utils._state import STATE_VERSION, Settings, decode, encod
 KEYS = {
     "version", "epoch", "_num_workers", "_shuffle_seed", "_shuffle", "_split_bytes", "_rank",
     "_world_size", "_format", "_even_batches", "_shuffle_window", "files", "num_splits", "done",
-    "partial", "base", "cursor",
+    "partial", "base", "cursor", "_packing", "tokens",
 }  # fmt: skip
 
 
@@ -64,7 +64,8 @@ def test_state_schema_mid_epoch(parquet_dir: Path, small_split: int):
     del it
     assert set(state) == KEYS
     assert _builtin_only(state)
-    assert state["version"] == STATE_VERSION == 2
+    assert state["version"] == STATE_VERSION == 3
+    assert state["_packing"] is None and state["tokens"] == []  # no token packing
     assert (state["epoch"], state["_num_workers"], state["_shuffle_seed"]) == (0, 2, 5)
     assert (state["_shuffle"], state["_split_bytes"]) == (True, small_split)
     assert (state["_rank"], state["_world_size"], state["_format"]) == (0, 1, "parquet")

@@ -11,6 +11,7 @@ from ._errors import (
     UnsendableBatchError,
 )
 from ._loader import StructuredDataLoader
+from ._tokens import TokenPacking
 
 __all__ = [
     "CheckpointMismatchError",
@@ -21,6 +22,7 @@ __all__ = [
     "SchemaMismatchError",
     "StructuredDataLoader",
     "StructuredDataset",
+    "TokenPacking",
     "UnsendableBatchError",
 ]
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._convert import OUTPUTS
+from ._tokens import TokenPacking
 
 __all__ = [
     "DEFAULT_SHUFFLE_MEMORY_BYTES",
@@ -35,6 +36,7 @@ class DatasetConfig:
     drop_last: bool = False
     shuffle_window: int | None = None
     shuffle_memory_bytes: int = DEFAULT_SHUFFLE_MEMORY_BYTES
+    packing: TokenPacking | None = None
 
     def __post_init__(self) -> None:
         _positive_int("batch_size", self.batch_size)
@@ -50,6 +52,28 @@ class DatasetConfig:
             not self.columns or not all(isinstance(c, str) for c in self.columns)
         ):
             raise ValueError(f"columns must be a non-empty list of names, got {self.columns!r}")
+        self._check_packing()
+
+    @property
+    def read_columns(self) -> tuple[str, ...] | None:
+        """The columns read from the files: packing reads its token column only."""
+        return self.columns if self.packing is None else (self.packing.column,)
+
+    def _check_packing(self) -> None:
+        packing = self.packing
+        if packing is None:
+            return
+        if not isinstance(packing, TokenPacking):
+            raise TypeError(f"packing must be a TokenPacking, got {type(packing).__name__}")
+        if self.output == "arrow":
+            raise ValueError(
+                "packing makes tensors or arrays of token ids: use output='torch' or 'numpy'"
+            )
+        if self.columns not in (None, (packing.column,)):
+            raise ValueError(
+                f"packing delivers only its token column {packing.column!r}; got "
+                f"columns={list(self.columns or ())}: drop columns= or pass [{packing.column!r}]"
+            )
 
     @property
     def window(self) -> int:

@@ -23,6 +23,7 @@ from ._log import log
 from ._reader import StreamReader
 from ._storage import Storage
 from ._stream import StreamSource
+from ._tokens import TokenPacking
 from ._transport import SharedSlots
 from ._world import World, detect_ranks, detect_worker
 
@@ -80,6 +81,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         storage_options: Mapping[str, Any] | None = None,
         drop_last: bool = False,
         even_batches: bool | None = None,
+        packing: TokenPacking | None = None,
     ) -> None:
         super().__init__()
         config = DatasetConfig(
@@ -94,14 +96,17 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             output=output,
             transform=transform,
             drop_last=bool(drop_last),
+            packing=packing,
         )
         self._format = get_format(format)
         self._rank, self._world_size = detect_ranks(rank, world_size)
         World(self._rank, self._world_size)  # validates the pair
         first = path if isinstance(path, str) else next(iter(path), "")
         self._storage = Storage(first, storage_options)
-        index = build_index(self._storage, self._format, path, config.columns, split_bytes)
+        index = build_index(self._storage, self._format, path, config.read_columns, split_bytes)
         config.check_window(len(index.splits))
+        if packing is not None:
+            packing.check(index.schema)
         warm_up(index.schema, config.output)
         self._epochs = Epochs(
             index=index,
@@ -137,6 +142,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         storage_options: Mapping[str, Any] | None = None,
         drop_last: bool = False,
         even_batches: bool | None = None,
+        packing: TokenPacking | None = None,
         **dataloader_kwargs: Any,
     ) -> tuple[StructuredDataLoader, StructuredDataset]:
         """``(loader, dataset)``: the loader records what it hands out and resumes exactly."""
@@ -159,6 +165,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             storage_options=storage_options,
             drop_last=drop_last,
             even_batches=even_batches,
+            packing=packing,
         )
         return StructuredDataLoader(dataset, num_workers=num_workers, **dataloader_kwargs), dataset
 
@@ -252,6 +259,11 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch (with the loader's ``num_workers``)."""
+        if self._epochs.config.packing is not None:
+            raise TypeError(
+                "a packed dataset has no len(): its batches count tokens, which the files' "
+                "metadata does not give; train for a number of steps, or count an epoch once"
+            )
         return self._epochs.batches(self._start, self._loader_workers or 0)
 
     def __iter__(self) -> Iterator[Any]:
@@ -307,10 +319,15 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             fmt=self._format,
             pieces=progress.shares[worker],
             window=config.window,
-            columns=config.columns,
+            columns=config.read_columns,
             memory_bytes=config.shuffle_memory_bytes,
         )
-        return StreamReader(source=source, config=config, start=progress.positions[worker])
+        return StreamReader(
+            source=source,
+            config=config,
+            start=progress.positions[worker],
+            skips=progress.skips.get(worker, {}),
+        )
 
 
 def _log_start(progress: Progress) -> None:

@@ -8,6 +8,7 @@ number of batches. Nothing here reads files.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,9 +18,20 @@ import numpy as np
 from ._config import DatasetConfig
 from ._errors import InvalidStateError
 from ._index import DatasetIndex
-from ._interleave import counts_at, stream_counts, window_start
+from ._interleave import counts_at, stream_counts, stream_index, stream_row, window_start
 from ._plan import Consumed, EpochPlan, IntArray, Pieces, epoch_order
-from ._state import Settings, check_setting, decode, encode, merge_states, misplaced, stored_split
+from ._state import (
+    Cuts,
+    Settings,
+    check_setting,
+    decode,
+    decode_cuts,
+    encode,
+    merge_states,
+    misplaced,
+    stored_split,
+)
+from ._tokens import TokenPosition
 
 __all__ = ["Epochs", "Progress", "Start"]
 
@@ -31,6 +43,7 @@ class Start:
     epoch: int
     base: Consumed
     delivered: Consumed
+    cuts: Cuts = field(default_factory=dict)  # packed rows partly delivered: tokens
     cursor: int = 0
     checkpoint_workers: int | None = None  # the num_workers to hold the checkpoint to
     checkpoint_split: str = ""
@@ -43,17 +56,20 @@ class Start:
     @property
     def is_fresh(self) -> bool:
         """Whether an iteration from here starts the epoch from its beginning."""
-        return self.checkpoint_workers is None and self.delivered.is_empty()
+        return self.checkpoint_workers is None and self.delivered.is_empty() and not self.cuts
 
 
 @dataclass
 class Progress:
-    """Delivery in one epoch: rows of its share each worker stream has handed out."""
+    """Delivery in one epoch: rows of its share each worker stream has handed out (for a
+    packed stream a ``TokenPosition``: also the tokens of its next row), and the rows of each
+    share that an earlier iteration cut mid-document (``skips``: row of the share -> tokens)."""
 
     plan: EpochPlan
     settings: Settings
     shares: Mapping[int, Pieces]
     positions: dict[int, int] = field(default_factory=dict)
+    skips: dict[int, dict[int, int]] = field(default_factory=dict)
     cursor: int = 0
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -93,6 +109,24 @@ class Progress:
     def left_out(self) -> int:
         return int(self.plan.deal.left_out().rows.sum())
 
+    def cuts(self) -> Cuts:
+        """Rows partly delivered, to the token: each stream's next row, and the rows cut
+        before that it has not reached."""
+        cuts = {}
+        for worker, position in self.positions.items():
+            later = {i: n for i, n in self.skips.get(worker, {}).items() if i > position}
+            if getattr(position, "tokens", 0):
+                later[position] = position.tokens  # type: ignore[attr-defined]
+            for row, count in later.items():
+                cuts[self._split_row(worker, row)] = count
+        return cuts
+
+    def _split_row(self, worker: int, position: int) -> tuple[int, int]:
+        """The split, and its row, that stream ``worker`` delivers as its row ``position``."""
+        pieces = self.shares[worker]
+        piece, row = stream_row(pieces.rows, pieces.ends, self.settings.window, position)
+        return int(pieces.splits[piece]), int(pieces.lo[piece]) + row
+
 
 @dataclass(frozen=True, kw_only=True)
 class Epochs:
@@ -116,6 +150,7 @@ class Epochs:
             world_size=self.world_size,
             num_workers=num_workers,
             even_batches=self.even_batches,
+            packing=None if config.packing is None else config.packing.setting,
         )
 
     def plan(self, start: Start, num_workers: int) -> EpochPlan:
@@ -159,6 +194,11 @@ class Epochs:
         progress = Progress(plan, settings, shares, cursor=start.cursor)
         for worker, pieces in shares.items():
             progress.positions[worker] = self._position(pieces, start.delivered, settings, worker)
+        progress.skips = self._skips(shares, start, settings)
+        for worker, skips in progress.skips.items():
+            position = progress.positions[worker]
+            if position in skips:
+                progress.positions[worker] = TokenPosition(position, skips[position])
         rows = self.index.split_rows
         claimed = start.delivered.union(plan.base, rows).plus(plan.deal.left_out(), rows)
         stray = _first_difference(claimed, progress.delivered(rows), self.index)
@@ -189,6 +229,35 @@ class Epochs:
             raise misplaced(self.index.describe(late), settings, worker)
         return position
 
+    def _skips(
+        self, shares: Mapping[int, Pieces], start: Start, settings: Settings
+    ) -> dict[int, dict[int, int]]:
+        """Where each stream meets the rows ``start`` cut mid-document: row of share -> tokens.
+
+        A checkpoint of this rank names only rows of its own streams, at or after their
+        positions; an elastic start names every old rank's, each met by one stream of the job.
+        """
+        if not start.cuts:
+            return {}
+        by_split: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for (split, row), count in start.cuts.items():
+            by_split[split].append((row, count))
+        wanted = np.fromiter(by_split, dtype=np.int64)
+        skips: dict[int, dict[int, int]] = {}
+        met = set()
+        for worker, pieces in shares.items():
+            for i in np.flatnonzero(np.isin(pieces.splits, wanted)).tolist():
+                split, lo, hi = int(pieces.splits[i]), int(pieces.lo[i]), int(pieces.hi[i])
+                for row, count in by_split[split]:
+                    if lo <= row < hi:
+                        at = stream_index(pieces.rows, pieces.ends, settings.window, i, row - lo)
+                        skips.setdefault(worker, {})[at] = count
+                        met.add((split, row))
+        if start.checkpoint_workers is not None and len(met) != len(start.cuts):
+            split, row = min(set(start.cuts) - met)
+            raise misplaced(f"{self.index.describe(split)} row {row}", settings, None)
+        return skips
+
     def encode(self, progress: Progress) -> dict[str, Any]:
         """The state dict of ``progress``."""
         return encode(
@@ -198,10 +267,13 @@ class Epochs:
             cursor=progress.cursor,
             index=self.index,
             settings=progress.settings,
+            cuts=progress.cuts(),
         )
 
     def encode_start(self, start: Start, num_workers: int) -> dict[str, Any]:
         """The state dict of an iteration that has not begun."""
+        if start.cuts:  # only this rank's: an elastic start holds every rank's
+            return self.encode(self.begin(start, num_workers))
         return encode(
             epoch=start.epoch,
             delivered=start.delivered,
@@ -219,6 +291,7 @@ class Epochs:
             epoch=state["epoch"],
             base=base,
             delivered=delivered,
+            cuts=decode_cuts(state, self.index, delivered),
             cursor=int(state["cursor"]),
             checkpoint_workers=state["_num_workers"],
             checkpoint_split=stored_split(state),
@@ -226,10 +299,10 @@ class Epochs:
 
     def load_elastic(self, states: Sequence[Mapping[str, Any]], num_workers: int) -> Start:
         """A start that re-deals what every old rank's state had not delivered."""
-        epoch, delivered = merge_states(
+        epoch, delivered, cuts = merge_states(
             states, index=self.index, settings=self.settings(num_workers)
         )
-        return Start(epoch=epoch, base=delivered, delivered=delivered)
+        return Start(epoch=epoch, base=delivered, delivered=delivered, cuts=cuts)
 
 
 def _first_difference(claimed: Consumed, implied: Consumed, index: DatasetIndex) -> str | None:

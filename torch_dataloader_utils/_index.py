@@ -83,6 +83,17 @@ class DatasetIndex:
             for run in runs
         )
 
+    @cached_property
+    def _splits_by_range(self) -> dict[tuple[str, int, int], int]:
+        return {
+            (self.files[s.file].display, s.row_offset, s.row_length): i
+            for i, s in enumerate(self.splits)
+        }
+
+    def split_at(self, path: str, row_offset: int, row_length: int) -> int | None:
+        """The split a state names by ``(path, row_offset, row_length)``, if there is one."""
+        return self._splits_by_range.get((path, row_offset, row_length))
+
     def describe(self, split: int) -> str:
         """``path rows [a, b)`` of split ``split``, as messages and states name it."""
         s = self.splits[split]

@@ -19,7 +19,15 @@ import numpy as np
 
 from ._plan import IntArray
 
-__all__ = ["MAX_PIECE_ROWS", "counts_at", "mixing_order", "stream_counts", "window_start"]
+__all__ = [
+    "MAX_PIECE_ROWS",
+    "counts_at",
+    "mixing_order",
+    "stream_counts",
+    "stream_index",
+    "stream_row",
+    "window_start",
+]
 
 _SHIFT = 30
 MAX_PIECE_ROWS = 1 << _SHIFT  # keeps every product below 2^62
@@ -92,3 +100,29 @@ def stream_counts(rows: IntArray, window: int, position: int) -> IntArray:
         begin = int(ends[current] - rows[current])
         out[current : current + len(part)] = counts_at(part, position - begin)
     return out
+
+
+def stream_row(rows: IntArray, ends: IntArray, window: int, position: int) -> tuple[int, int]:
+    """The piece, and its row, that a stream of pieces ``rows`` (cumulative ``ends``) mixed
+    ``window`` at a time delivers as its row ``position``."""
+    first = window_start(ends, window, position)
+    part = rows[first : first + window]
+    begin = int(ends[first] - rows[first])
+    before = counts_at(part, position - begin)
+    piece = int(np.argmax(counts_at(part, position + 1 - begin) != before))
+    return first + piece, int(before[piece])
+
+
+def stream_index(rows: IntArray, ends: IntArray, window: int, piece: int, row: int) -> int:
+    """Where a stream of pieces ``rows`` mixed ``window`` at a time delivers ``row`` of its
+    piece ``piece`` (the inverse of ``stream_row``)."""
+    first = piece // window * window
+    part = np.asarray(rows[first : first + window], dtype=np.int64)
+    j = piece - first
+    key = ((2 * row + 1) << _SHIFT) // int(part[j])
+    # Rows of lower pieces with a key up to ``key`` come first (ties: the lower piece), and
+    # rows of the others with a smaller key; within piece ``j`` that is its ``row`` rows.
+    earlier = (
+        _count_upto(np.int64(key), part[:j]).sum() + _count_upto(np.int64(key - 1), part[j:]).sum()
+    )
+    return int(ends[first] - rows[first]) + int(earlier)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from ._config import DatasetConfig
 from ._convert import convert, converted_row_bytes
 from ._errors import DataSourceError
 from ._packing import batch_parts, chunk_parts, run_sizes, send
-from ._stream import Position, Run, StreamSource, read_stream
+from ._stream import Position, Run, StreamSource, read_stream, stream_chunks
+from ._tokens import pack_tokens
 from ._transport import Packet, SharedSlots
 
 __all__ = ["StreamReader"]
@@ -19,15 +22,23 @@ __all__ = ["StreamReader"]
 
 @dataclass(frozen=True, kw_only=True)
 class StreamReader:
-    """Reads ``source`` from position ``start``: converted, transformed batches with positions."""
+    """Reads ``source`` from position ``start``: converted, transformed batches with positions.
+
+    ``skips`` (packed streams): tokens of rows of the share delivered by an earlier iteration.
+    """
 
     source: StreamSource
     config: DatasetConfig
     start: Position
+    skips: Mapping[int, int] = field(default_factory=dict)
 
     def batches(self, *, copy: bool = True, read_ahead: int = 0) -> Iterator[tuple[Any, Position]]:
         """Batches and the position after each; ``copy=False`` when they are copied again."""
         transform = self.config.transform
+        if self.config.packing is not None:
+            for out, position in self._packed(read_ahead):
+                yield (out if transform is None else transform(out)), position
+            return
         copy = copy and not self.source.fmt.decodes_into_new_memory
         for run in self._runs(itertools.repeat(1), read_ahead=read_ahead):
             run.chunks = [run.batch()]
@@ -36,7 +47,7 @@ class StreamReader:
 
     def packets(self, slots: SharedSlots, worker: int) -> Iterator[Packet]:
         """The stream as packets for ``StructuredDataLoader``; the last (maybe empty) ends it."""
-        if self.config.transform is None:
+        if self.config.transform is None and self.config.packing is None:
             batch_bytes = self.config.batch_size * converted_row_bytes(self.source.index.schema)
             runs = self._runs(run_sizes(batch_bytes, slots.slot_bytes))
             # Tensors may view Arrow's buffers: packing copies them into the slot.
@@ -44,6 +55,27 @@ class StreamReader:
         else:
             parts = batch_parts(self.batches(copy=False), slots.slot_bytes)
         return send(parts, slots, worker)
+
+    def _packed(self, read_ahead: int) -> Iterator[tuple[Any, Position]]:
+        """Packed batches of token sequences (``_tokens``), in the output type."""
+        packing = self.config.packing
+        assert packing is not None
+        chunks = stream_chunks(self.source, start=self.start, min_rows=1, read_ahead=read_ahead)
+        packed = pack_tokens(
+            chunks,
+            packing=packing,
+            batch_size=self.config.batch_size,
+            drop_last=self.config.drop_last,
+            start=self.start,
+            skips=self.skips,
+            end=self.source.total,
+            describe=self.source.describe_at,
+        )
+        for arrays, position in packed:
+            if self.config.output == "torch":
+                yield {k: torch.from_numpy(v) for k, v in arrays.items()}, position
+            else:
+                yield arrays, position
 
     def _runs(self, sizes: Iterable[int], read_ahead: int = 0) -> Iterator[Run]:
         return read_stream(

@@ -6,6 +6,7 @@ import functools
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -17,25 +18,31 @@ from ._world import World
 
 __all__ = [
     "STATE_VERSION",
+    "Cuts",
     "Settings",
     "check_coverage",
     "check_same_epoch",
     "check_setting",
     "decode",
+    "decode_cuts",
     "encode",
     "merge_states",
     "misplaced",
     "stored_split",
 ]
 
-STATE_VERSION = 2
+STATE_VERSION = 3
+# Rows a packed stream cut mid-document: (split id, row of the split) -> tokens delivered.
+Cuts = Mapping[tuple[int, int], int]
 
 _KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "version": int, "epoch": int, "_num_workers": int, "_shuffle_seed": int, "_shuffle": bool,
     "_split_bytes": int, "_rank": int, "_world_size": int, "_format": str,
     "_even_batches": bool, "_shuffle_window": int, "files": dict,
     "num_splits": int, "done": str, "partial": list, "base": (dict, type(None)), "cursor": int,
+    "_packing": (list, type(None)), "tokens": list,
 }  # fmt: skip
+_SINCE_VERSION_3 = ("_packing", "tokens")  # a version 2 state is one without token packing
 _SIGNED_KEYS = ("_shuffle_seed",)
 _ELASTIC_FIELDS = ("world_size", "rank", "num_workers", "even_batches")
 
@@ -53,6 +60,7 @@ class Settings:
     world_size: int
     num_workers: int
     even_batches: bool = False
+    packing: list[Any] | None = None  # TokenPacking.setting
 
     @property
     def streams_per_rank(self) -> int:
@@ -70,8 +78,10 @@ def encode(
     cursor: int,
     index: DatasetIndex,
     settings: Settings,
+    cuts: Cuts = MappingProxyType({}),
 ) -> dict[str, Any]:
-    """The state dict of an epoch in which ``delivered`` (dealt after ``base``) is done."""
+    """The state dict of an epoch in which ``delivered`` (dealt after ``base``) is done, and
+    ``cuts`` tokens of rows not yet wholly delivered."""
     return {
         "version": STATE_VERSION,
         "epoch": epoch,
@@ -84,6 +94,7 @@ def encode(
         "_format": settings.format,
         "_even_batches": settings.even_batches,
         "_shuffle_window": settings.window,
+        "_packing": settings.packing,
         "files": {"count": len(index.files), "digest": index.digest, "groups": index.file_groups()},
         "num_splits": len(index.splits),
         "done": _pack_bits(delivered.done),
@@ -92,6 +103,9 @@ def encode(
         if base.is_empty()
         else {"done": _pack_bits(base.done), "partial": _partial_rows(base.partial, index)},
         "cursor": cursor,
+        "tokens": [
+            [*_split_key(split, index), row, count] for (split, row), count in sorted(cuts.items())
+        ],
     }
 
 
@@ -110,6 +124,32 @@ def decode(
     return done, _consumed(state["base"]["done"], state["base"]["partial"], index, "base.done")
 
 
+def decode_cuts(state: Mapping[str, Any], index: DatasetIndex, delivered: Consumed) -> Cuts:
+    """The rows ``state`` cut mid-document, validated against the files and ``delivered``."""
+    cuts: dict[tuple[int, int], int] = {}
+    for entry in state.get("tokens", ()):
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 6
+            and all(type(v) is int for v in (entry[1], entry[2], entry[4], entry[5]))
+        ):
+            raise InvalidStateError(
+                f"tokens entry {entry!r}: expected [path, row_offset, row_length, fingerprint, "
+                f"row, tokens delivered]"
+            )
+        split = _split_of(entry[:4], index)
+        row, count = entry[4], entry[5]
+        taken = delivered.done[split] or any(
+            lo <= row < hi for lo, hi in delivered.partial.get(split, ())
+        )
+        if not 0 <= row < entry[2] or count < 1 or taken or (split, row) in cuts:
+            raise InvalidStateError(
+                f"tokens entry {entry!r}: row {row} is not a row of the split partly delivered"
+            )
+        cuts[split, row] = count
+    return cuts
+
+
 def _check_shape(state: object) -> None:
     if not isinstance(state, Mapping):
         raise InvalidStateError(f"a state must be a dict, got {type(state).__name__}")
@@ -120,11 +160,13 @@ def _check_shape(state: object) -> None:
             f"this library reads version {STATE_VERSION} and cannot continue that epoch "
             f"exactly. Restart the checkpoint's epoch with dataset.set_epoch(state['epoch'])."
         )
-    if version != STATE_VERSION:
+    if version not in (2, STATE_VERSION):
         raise InvalidStateError(
-            f"unknown state version {version!r}: this library reads version {STATE_VERSION}"
+            f"unknown state version {version!r}: this library reads versions 2 and {STATE_VERSION}"
         )
     for key, kind in _KEY_TYPES.items():
+        if version == 2 and key in _SINCE_VERSION_3:
+            continue
         if key not in state:
             raise InvalidStateError(f"state has no key {key!r}; was it saved by this library?")
         value = state[key]
@@ -154,6 +196,8 @@ def _check_settings(state: Mapping[str, Any], settings: Settings, elastic: bool)
         "rank": (state["_rank"], settings.rank),
         # 0 and 1 workers both make one stream per rank, so they resume into each other.
         "num_workers": (state["_num_workers"], settings.num_workers),
+        # which tokens a row makes (seq_len may change: positions count tokens)
+        "packing": (state.get("_packing"), settings.packing),
     }
     for name, (expected, found) in pairs.items():
         if elastic and name in _ELASTIC_FIELDS:
@@ -245,10 +289,6 @@ def _file_drift(old: Sequence[Any], new: Sequence[Any]) -> CheckpointMismatchErr
 
 def _consumed(bits: str, partial: Sequence[Any], index: DatasetIndex, key: str) -> Consumed:
     done = _unpack_bits(bits, len(index.splits), key)
-    by_range = {
-        (index.files[s.file].display, s.row_offset, s.row_length): i
-        for i, s in enumerate(index.splits)
-    }
     rows: dict[int, Intervals] = {}
     for entry in partial:
         if not (
@@ -264,21 +304,33 @@ def _consumed(bits: str, partial: Sequence[Any], index: DatasetIndex, key: str) 
                 f"partial entry {entry!r}: expected [path, row_offset, row_length, "
                 f"fingerprint, [lo, hi, ...] rows delivered]"
             )
-        path, offset, length, fingerprint, bounds = entry
-        split = by_range.get((path, offset, length))
-        current = index.files[index.splits[split].file].fingerprint if split is not None else None
-        if split is None or current != fingerprint:
-            raise CheckpointMismatchError(
-                f"checkpoint split {path} rows [{offset}, {offset + length}) "
-                f"(fingerprint {fingerprint}) is not in the current plan "
-                f"(current fingerprint: {current or 'no such split'})."
-                f"\nLikely cause: files changed: checkpoint={path}@{fingerprint}, "
-                f"current={path}@{current}",
-                split=f"{path} rows [{offset}, {offset + length})",
-                field="files", expected=fingerprint, found=current,
-            )  # fmt: skip
-        rows[split] = _intervals(bounds, length, entry, done[split])
+        split = _split_of(entry[:4], index)
+        rows[split] = _intervals(entry[4], entry[2], entry, done[split])
     return Consumed(done, rows)
+
+
+def _split_of(key: Sequence[Any], index: DatasetIndex) -> int:
+    """The split a stored ``[path, row_offset, row_length, fingerprint]`` names, if unchanged."""
+    path, offset, length, fingerprint = key
+    split = index.split_at(path, offset, length)
+    current = index.files[index.splits[split].file].fingerprint if split is not None else None
+    if split is None or current != fingerprint:
+        raise CheckpointMismatchError(
+            f"checkpoint split {path} rows [{offset}, {offset + length}) "
+            f"(fingerprint {fingerprint}) is not in the current plan "
+            f"(current fingerprint: {current or 'no such split'})."
+            f"\nLikely cause: files changed: checkpoint={path}@{fingerprint}, "
+            f"current={path}@{current}",
+            split=f"{path} rows [{offset}, {offset + length})",
+            field="files", expected=fingerprint, found=current,
+        )  # fmt: skip
+    return split
+
+
+def _split_key(split: int, index: DatasetIndex) -> list[Any]:
+    s = index.splits[split]
+    f = index.files[s.file]
+    return [f.display, s.row_offset, s.row_length, f.fingerprint]
 
 
 def _intervals(bounds: list[int], length: int, entry: object, done: bool) -> Intervals:
@@ -311,13 +363,10 @@ def misplaced(split: str, settings: Settings, worker: int | None) -> CheckpointM
 
 
 def _partial_rows(partial: Mapping[int, Intervals], index: DatasetIndex) -> list[list[Any]]:
-    rows = []
-    for split, ranges in sorted(partial.items()):
-        s = index.splits[split]
-        f = index.files[s.file]
-        bounds = [v for pair in ranges for v in pair]
-        rows.append([f.display, s.row_offset, s.row_length, f.fingerprint, bounds])
-    return rows
+    return [
+        [*_split_key(split, index), [v for pair in ranges for v in pair]]
+        for split, ranges in sorted(partial.items())
+    ]
 
 
 def _pack_bits(done: np.ndarray) -> str:
@@ -374,8 +423,9 @@ def check_same_epoch(states: Sequence[Mapping[str, Any]]) -> None:
 
 def merge_states(
     states: Sequence[Mapping[str, Any]], *, index: DatasetIndex, settings: Settings
-) -> tuple[int, Consumed]:
-    """Epoch and union of what every old rank delivered; one state per old rank, same epoch."""
+) -> tuple[int, Consumed, Cuts]:
+    """Epoch, union of what every old rank delivered, and the rows they cut mid-document;
+    one state per old rank, same epoch."""
     if not states:
         raise InvalidStateError("no states given: pass one state per rank of the old job")
     for state in states:
@@ -383,7 +433,16 @@ def merge_states(
     check_coverage(states)
     check_same_epoch(states)
     merged = Consumed.nothing(len(index.splits))
+    cuts: dict[tuple[int, int], int] = {}
     for state in states:
         delivered, _ = decode(state, index=index, settings=settings, elastic=True)
         merged = merged.union(delivered, index.split_rows)
-    return states[0]["epoch"], merged
+        for key, count in decode_cuts(state, index, delivered).items():
+            cuts[key] = max(count, cuts.get(key, 0))
+    for split, row in list(cuts):
+        if merged.done[split] or any(lo <= row < hi for lo, hi in merged.partial.get(split, ())):
+            raise InvalidStateError(
+                f"split {index.describe(split)}: one rank's state cut row {row} mid-document, "
+                f"another delivered it whole: the states are not of one step"
+            )
+    return states[0]["epoch"], merged, cuts

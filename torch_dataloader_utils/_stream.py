@@ -30,7 +30,7 @@ from ._interleave import counts_at, mixing_order
 from ._plan import Pieces
 from ._storage import Storage
 
-__all__ = ["Position", "Run", "StreamSource", "prefetch", "read_stream"]
+__all__ = ["Position", "Run", "StreamSource", "prefetch", "read_stream", "stream_chunks"]
 
 Position = int
 T = TypeVar("T")
@@ -100,9 +100,7 @@ def read_stream(
     decodes that many chunks ahead. With ``drop_last`` the last full batch stands for the end
     of the stream, so a checkpoint after it records the dropped rows as consumed.
     """
-    chunks = _chunks(source, start, source.read_rows(batch_size))
-    if read_ahead:
-        chunks = prefetch(chunks, read_ahead)
+    chunks = stream_chunks(source, start=start, min_rows=batch_size, read_ahead=read_ahead)
     end = source.total
     last_full = start + (end - start) // batch_size * batch_size
     return _runs(
@@ -112,6 +110,15 @@ def read_stream(
         sizes=iter(run_sizes),
         last_full=(last_full, end) if drop_last else None,
     )
+
+
+def stream_chunks(
+    source: StreamSource, *, start: Position, min_rows: int, read_ahead: int = 0
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """Decoded chunks of at least ``min_rows`` rows from ``start``, each with the position
+    after its last row; with ``read_ahead`` > 0 decoded that many ahead in a thread."""
+    chunks = _chunks(source, start, source.read_rows(min_rows))
+    return prefetch(chunks, read_ahead) if read_ahead else chunks
 
 
 def _chunks(

@@ -1,0 +1,252 @@
+"""Token packing: a stream's documents, concatenated, cut into sequences of ``seq_len`` tokens.
+
+Each row of the token column is a document. A stream's documents, in delivery order (each
+followed by the ``separator`` token if one is given), form one token sequence, cut into batches
+of ``batch_size`` sequences of exactly ``seq_len`` tokens; a document may end in one batch and
+continue in the next. A packed stream's position is therefore a ``TokenPosition``: the rows of
+its share wholly delivered, and how many tokens of the next row already were. Resuming there
+skips exactly those tokens, so no token is delivered twice and none is lost.
+
+Everything runs on whole chunks with numpy; no Python per row or per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.types as pat
+
+from ._errors import DataSourceError
+
+__all__ = ["TokenPacking", "TokenPosition", "pack_tokens"]
+
+IntArray = npt.NDArray[np.int64]
+
+
+class TokenPosition(int):
+    """A packed stream's position: the rows wholly delivered (the int's value), and ``tokens``
+    of the next row delivered too (0: none)."""
+
+    tokens: int
+
+    def __new__(cls, rows: int, tokens: int = 0) -> TokenPosition:
+        position = super().__new__(cls, rows)
+        position.tokens = tokens
+        return position
+
+    def __getnewargs__(self) -> tuple[int, int]:  # type: ignore[override]
+        return int(self), self.tokens
+
+    def __repr__(self) -> str:
+        return f"TokenPosition(rows={int(self)}, tokens={self.tokens})"
+
+
+@dataclass(frozen=True)
+class TokenPacking:
+    """Pack the list-of-integers ``column`` into sequences of exactly ``seq_len`` tokens.
+
+    ``separator`` (e.g. the EOS id) is appended to every document; the padding of the last
+    sequence of a stream (only with ``drop_last=False``) is ``pad_id``. Batches are dicts of
+    ``input_ids`` ``(batch, seq_len)``, ``position_ids`` (position within each document part,
+    from 0 at every document start and sequence start), ``cu_seqlens`` (int32 boundaries of
+    those parts over the flattened batch, as variable-length attention takes them) and
+    ``num_tokens`` (real tokens; the rest of the flattened batch is padding). Other columns
+    are not read.
+    """
+
+    column: str
+    seq_len: int
+    separator: int | None = None
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.column, str) or not self.column:
+            raise TypeError(f"TokenPacking column must be a column name, got {self.column!r}")
+        for name in ("seq_len", "separator", "pad_id"):
+            value = getattr(self, name)
+            if (value is not None or name != "separator") and (
+                not isinstance(value, int | np.integer) or isinstance(value, bool)
+            ):
+                raise TypeError(f"TokenPacking {name} must be an int, got {value!r}")
+        if self.seq_len < 1:
+            raise ValueError(f"TokenPacking seq_len must be >= 1, got {self.seq_len}")
+
+    def check(self, schema: pa.Schema) -> None:
+        """Raise unless the column is a list of integers that holds the separator and pad."""
+        if self.column not in schema.names:
+            raise ValueError(
+                f"TokenPacking column {self.column!r} is not in the files; columns: {schema.names}"
+            )
+        kind = schema.field(self.column).type
+        if not (pat.is_list(kind) or pat.is_large_list(kind)) or not pat.is_integer(
+            kind.value_type
+        ):
+            raise ValueError(
+                f"TokenPacking column {self.column!r} has type {kind}; packing needs a list "
+                f"(or large_list) of integers, e.g. list<int32> token ids"
+            )
+        limits = np.iinfo(kind.value_type.to_pandas_dtype())
+        for name in ("separator", "pad_id"):
+            value = getattr(self, name)
+            if value is not None and not limits.min <= value <= limits.max:
+                raise ValueError(
+                    f"TokenPacking {name}={value} does not fit column {self.column!r} of type "
+                    f"{kind} (range {limits.min}..{limits.max})"
+                )
+
+    @property
+    def setting(self) -> list[Any]:
+        """What a checkpoint records: the choices that decide which tokens a row makes."""
+        return [self.column, self.separator]
+
+
+@dataclass
+class _Pending:
+    """Tokens read but not yet in a batch, and the documents they come from (one entry per
+    row, empty ones too): its stream row, first token in ``tokens``, tokens skipped before."""
+
+    tokens: npt.NDArray[Any]
+    rows: IntArray
+    starts: IntArray
+    skipped: IntArray
+
+    def extend(
+        self, tokens: npt.NDArray[Any], rows: IntArray, starts: IntArray, skipped: IntArray
+    ) -> None:
+        self.starts = np.concatenate([self.starts, starts + len(self.tokens)])
+        self.tokens = np.concatenate([self.tokens, tokens])
+        self.rows = np.concatenate([self.rows, rows])
+        self.skipped = np.concatenate([self.skipped, skipped])
+
+    def position_after(self, end: int) -> TokenPosition:
+        """The stream position once the first ``end`` pending tokens are delivered."""
+        doc = int(np.searchsorted(self.starts, end, side="left")) - 1
+        last = int(self.starts[doc + 1]) if doc + 1 < len(self.starts) else len(self.tokens)
+        row = int(self.rows[doc])
+        if last == end:
+            return TokenPosition(row + 1)
+        return TokenPosition(row, int(self.skipped[doc]) + end - int(self.starts[doc]))
+
+    def drop(self, end: int) -> None:
+        """Forget the first ``end`` tokens and the documents wholly within them."""
+        doc = max(0, int(np.searchsorted(self.starts, end, side="right")) - 1)
+        if doc < len(self.starts) and self.starts[doc] < end:
+            self.skipped = self.skipped.copy()
+            self.skipped[doc] += end - self.starts[doc]
+        self.tokens = self.tokens[end:]
+        self.rows, self.skipped = self.rows[doc:], self.skipped[doc:]
+        self.starts = np.maximum(self.starts[doc:] - end, 0)
+
+
+def pack_tokens(
+    chunks: Iterator[tuple[pa.RecordBatch, int]],
+    *,
+    packing: TokenPacking,
+    batch_size: int,
+    drop_last: bool,
+    start: int,
+    skips: Mapping[int, int],
+    end: int,
+    describe: Any,
+) -> Iterator[tuple[dict[str, npt.NDArray[Any]], TokenPosition]]:
+    """Packed batches of numpy arrays from a stream's ``chunks`` (read from row ``start``),
+    each with the position after it.
+
+    ``skips[row]`` tokens of stream row ``row`` were delivered before (a checkpoint's cut
+    documents). The last full batch stands for the end of the stream (``end`` rows) when no
+    token follows it or ``drop_last`` drops them; otherwise a last, padded batch follows.
+    ``describe(position)`` names the split of a position, for errors.
+    """
+    need = batch_size * packing.seq_len
+    pending: _Pending | None = None
+    held: tuple[dict[str, npt.NDArray[Any]], TokenPosition] | None = None
+    for chunk, after in chunks:
+        first = after - chunk.num_rows
+        tokens, rows, starts, skipped = _documents(chunk, packing, first, skips, describe)
+        if pending is None:
+            pending = _Pending(tokens[:0], rows[:0], starts[:0], skipped[:0])
+        pending.extend(tokens, rows, starts, skipped)
+        while len(pending.tokens) >= need:
+            if held is not None:
+                yield held
+            batch = _batch(pending.tokens[:need], pending, need, packing)
+            held = batch, pending.position_after(need)
+            pending.drop(need)
+    rest = 0 if pending is None else len(pending.tokens)
+    if held is not None:
+        yield held[0], (TokenPosition(end) if rest == 0 or drop_last else held[1])
+    if rest and not drop_last and pending is not None:
+        padded = np.full(-(-rest // packing.seq_len) * packing.seq_len, packing.pad_id)
+        padded = padded.astype(pending.tokens.dtype)
+        padded[:rest] = pending.tokens
+        yield _batch(padded, pending, rest, packing), TokenPosition(end)
+
+
+def _documents(
+    chunk: pa.RecordBatch,
+    packing: TokenPacking,
+    first: int,
+    skips: Mapping[int, int],
+    describe: Any,
+) -> tuple[npt.NDArray[Any], IntArray, IntArray, IntArray]:
+    """A chunk's tokens (separators inserted, skipped tokens removed), and per row: its stream
+    row, its first token, the tokens skipped."""
+    column = chunk.column(packing.column)
+    offsets = column.offsets.to_numpy().astype(np.int64, copy=False)
+    child = column.values.slice(offsets[0], offsets[-1] - offsets[0])
+    if column.null_count or child.null_count:
+        raise DataSourceError(
+            f"split {describe(first + 1)}: column {packing.column!r} ({column.type}) holds null "
+            f"documents or tokens; packing needs every row to be a list of token ids"
+        )
+    values = child.to_numpy()
+    lengths = np.diff(offsets)
+    if packing.separator is not None:
+        values = np.insert(values, offsets[1:] - offsets[0], packing.separator)
+        lengths = lengths + 1
+    starts = np.cumsum(lengths) - lengths
+    rows = np.arange(first, first + len(lengths), dtype=np.int64)
+    skipped = np.zeros(len(lengths), dtype=np.int64)
+    inside = [(row, count) for row, count in skips.items() if first <= row < first + len(rows)]
+    if inside:
+        keep = np.ones(len(values), dtype=bool)
+        for row, count in inside:
+            i = row - first
+            if count > lengths[i]:
+                raise DataSourceError(
+                    f"split {describe(row + 1)}: the checkpoint delivered {count} tokens of a "
+                    f"document of {lengths[i]}: the file changed since"
+                )
+            keep[starts[i] : starts[i] + count] = False
+            skipped[i] = count
+        values = values[keep]
+        lengths = lengths - skipped
+        starts = np.cumsum(lengths) - lengths
+    return values, rows, starts, skipped
+
+
+def _batch(
+    tokens: npt.NDArray[Any], pending: _Pending, real: int, packing: TokenPacking
+) -> dict[str, npt.NDArray[Any]]:
+    """One batch of the first ``real`` pending tokens (``tokens`` padded to whole sequences)."""
+    size, seq_len = len(tokens), packing.seq_len
+    mark = np.zeros(size, dtype=bool)
+    mark[::seq_len] = True
+    inner = pending.starts[(pending.starts > 0) & (pending.starts < real)]
+    mark[inner] = True
+    if real < size:
+        mark[real] = True  # padding is a part of its own
+    begins = np.flatnonzero(mark)
+    cu_seqlens = np.append(begins, size).astype(np.int32)
+    position_ids = np.arange(size, dtype=np.int64) - np.repeat(begins, np.diff(cu_seqlens))
+    return {
+        "input_ids": tokens.reshape(-1, seq_len),
+        "position_ids": position_ids.reshape(-1, seq_len),
+        "cu_seqlens": cu_seqlens,
+        "num_tokens": np.asarray(real, dtype=np.int64),
+    }
