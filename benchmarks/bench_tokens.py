@@ -9,9 +9,15 @@ Generated data (cached under ``bench_output/tokens``): 4 Parquet files x 50,000 
   baseline;
 * ``ours w0`` / ``ours w2``: ``StructuredDataset.create_dataloader(dir, batch_size=1024,
   num_workers=0 | 2)``, each batch's ``input_ids`` a ``torch.jagged`` nested tensor; timed from
-  ``iter(loader)`` to the last batch (worker start-up included).
+  ``iter(loader)`` to the last batch (worker start-up included);
+* ``packed w0`` / ``packed w2``: the same with ``packing=TokenPacking("input_ids",
+  seq_len=2048, separator=50257)`` and ``batch_size=8`` sequences (16,384 tokens a batch, about
+  as many as a 1,024-row batch holds); the separators counted as documents;
+* ``hf datasets`` (if installed): ``load_dataset("parquet", streaming=True).iter(1024)`` over
+  the first file only (Python lists; a full epoch would take minutes), as tokens/s.
 
-Runs are interleaved (raw T, raw F, w0, w2, raw T, ...); ratios are medians of per-round ratios.
+Runs are interleaved (raw T, raw F, w0, w2, ...); ratios are medians of per-round ratios. Then
+the time to the first packed batch after resuming at 90 % of the epoch vs at 0 %.
 
     python benchmarks/bench_tokens.py [--data DIR] [--repeats K] [--plot out.png]
 """
@@ -36,10 +42,12 @@ import torch
 from _bench_util import cached_files, machine_note, paired, plot_bars, quiet_setup, summary, timed
 from torch.utils.dlpack import from_dlpack
 
-from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils import StructuredDataset, TokenPacking
 
 BATCH = 1024
 TARGET = 0.8
+SEQ_LEN, SEQUENCES, EOS = 2048, 8, 50_257  # an id the generated tokens never take
+PACKING = TokenPacking("input_ids", seq_len=SEQ_LEN, separator=EOS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,6 +108,55 @@ def ours(data: str, num_workers: int) -> tuple[int, int]:
     return rows, tokens
 
 
+def packed(data: str, num_workers: int, rows: int, count: bool = False) -> tuple[int, int]:
+    """Ours, packed: (documents, tokens without separators); the documents counted from the
+    separators when ``count`` (untimed: a training loop does not), else taken as ``rows``."""
+    loader, _ = StructuredDataset.create_dataloader(
+        data, batch_size=SEQUENCES, num_workers=num_workers, packing=PACKING
+    )
+    separators = tokens = 0
+    for batch in loader:
+        real = int(batch["num_tokens"])
+        if count:
+            separators += int((batch["input_ids"].view(-1)[:real] == EOS).sum())
+        tokens += real
+    rows = separators if count else rows
+    return rows, tokens - rows
+
+
+def hf_datasets(files: list[str]) -> tuple[float, int] | None:
+    """Tokens/s of Hugging Face ``datasets`` streaming the first file, or None if absent."""
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        return None
+    stream = load_dataset("parquet", data_files=files[:1], split="train", streaming=True)
+    start, tokens = time.perf_counter(), 0
+    for batch in stream.iter(batch_size=BATCH):
+        tokens += sum(len(ids) for ids in batch["input_ids"])
+    return tokens / (time.perf_counter() - start), tokens
+
+
+def first_batch_after_resume(data: str, fraction: float) -> float:
+    """Seconds from a new packed loader resumed at ``fraction`` of the epoch to its first batch."""
+    loader, dataset = StructuredDataset.create_dataloader(
+        data, batch_size=SEQUENCES, packing=PACKING
+    )
+    batches = sum(1 for _ in loader) if fraction else 0
+    it = iter(loader)
+    for _ in range(int(batches * fraction)):
+        next(it)
+    state = dataset.state_dict()
+    del it
+    start = time.perf_counter()
+    loader, dataset = StructuredDataset.create_dataloader(
+        data, batch_size=SEQUENCES, packing=PACKING
+    )
+    dataset.load_state_dict(state)
+    next(iter(loader))
+    return time.perf_counter() - start
+
+
 def interleaved(
     contenders: dict[str, Callable[[], tuple[int, int]]], repeats: int, expected: tuple[int, int]
 ) -> dict[str, list[float]]:
@@ -129,13 +186,15 @@ def report(seconds: dict[str, list[float]], rows: int, tokens: int) -> dict[str,
     raw = max(("raw threads=T", "raw threads=F"), key=lambda n: statistics.median(speed[n]))
     print(f"\nbaseline = {raw} (the faster raw variant by median)")
     ratios: dict[str, Any] = {"baseline": raw}
-    for ours_name in ("ours w0", "ours w2"):
-        r = paired(speed, ours_name, raw)
-        ratios[f"{ours_name.replace(' ', '_')}_over_raw"] = r
+    pairs = [("ours w0", raw), ("ours w2", raw), ("packed w0", "ours w0"), ("packed w2", "ours w2")]
+    for mine, theirs in pairs:
+        r = paired(speed, mine, theirs)
+        ratios[f"{mine.replace(' ', '_')}_over_{theirs.split()[0]}"] = r
         ok = "meets" if r["paired_median"] >= TARGET else "MISSES"
         print(
-            f"  {ours_name + ' / raw':<18}= {r['paired_median']:5.2f}   ({ok} target ≥ {TARGET}; "
-            f"ratio of medians {r['of_medians']:.2f}, best/best {r['best_over_best']:.2f})"
+            f"  {mine + ' / ' + theirs:<28}= {r['paired_median']:5.2f}   ({ok} target ≥ "
+            f"{TARGET}; ratio of medians {r['of_medians']:.2f}, best/best "
+            f"{r['best_over_best']:.2f})"
         )
     return ratios
 
@@ -149,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     # Untimed: the first jagged tensor of a process imports torch's symbolic shapes (~0.4 s,
     # once); forked workers inherit the imports.
     first, _ = timed(lambda: ours(args.data, 0))
+    if packed(args.data, 0, rows, count=True) != (rows, tokens):  # every token, once
+        raise SystemExit("packed w0 did not deliver every document's tokens and separator")
     size = sum(os.path.getsize(f) for f in files)
     print(
         f"dataset: {args.data}: {len(files)} files, {rows:,} rows, {tokens:,} tokens "
@@ -162,10 +223,23 @@ def main(argv: list[str] | None = None) -> int:
         "raw threads=F": lambda: raw_pyarrow(files, False),
         "ours w0": lambda: ours(args.data, 0),
         "ours w2": lambda: ours(args.data, 2),
+        "packed w0": lambda: packed(args.data, 0, rows),
+        "packed w2": lambda: packed(args.data, 2, rows),
     }
     print(f"\n{args.repeats} interleaved runs per contender:")
     seconds = interleaved(contenders, args.repeats, (rows, tokens))
     ratios = report(seconds, rows, tokens)
+    hf = hf_datasets(files)
+    if hf is not None:
+        best = tokens / min(seconds["packed w0"])
+        print(f"\n  hf datasets (first file): {hf[0] / 1e6:6.2f} M tokens/s; packed w0 / hf = "
+              f"{best / hf[0]:.1f}")  # fmt: skip
+        ratios["hf_tokens_per_s"] = hf[0]
+    at = {f: statistics.median(first_batch_after_resume(args.data, f) for _ in range(3))
+          for f in (0.0, 0.9)}  # fmt: skip
+    ratios["packed_resume_s"] = at
+    print(f"  packed, first batch after resume: at 0 % {at[0.0] * 1e3:.0f} ms, at 90 % "
+          f"{at[0.9] * 1e3:.0f} ms: ratio {at[0.9] / at[0.0]:.2f} (target ≤ 1.5)")  # fmt: skip
     print(f"machine after the runs: {machine_note()}")
     if args.plot:
         labels = list(seconds)

@@ -96,6 +96,8 @@ def canonical(batch: Any) -> dict[str, Any]:
             out[name] = (f"jagged {value.values.dtype}", _plain(value.tolist()))
         elif isinstance(value, torch.Tensor | np.ndarray):
             out[name] = (str(value.dtype), _plain(value.tolist()))
+        elif isinstance(value, int):
+            out[name] = ("int", value)
         else:
             out[name] = (type(value).__name__, _plain(list(value)))
     return out

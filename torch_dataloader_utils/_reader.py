@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from ._config import DatasetConfig
@@ -73,7 +74,7 @@ class StreamReader:
         )
         for arrays, position in packed:
             if self.config.output == "torch":
-                yield {k: torch.from_numpy(v) for k, v in arrays.items()}, position
+                yield {k: _tensor(v) for k, v in arrays.items()}, position
             else:
                 yield arrays, position
 
@@ -100,3 +101,7 @@ class StreamReader:
         except ValueError as exc:
             where = self.source.describe_at(run.positions[-1])
             raise ValueError(f"split {where}: {exc}") from exc
+
+
+def _tensor(value: Any) -> Any:
+    return torch.from_numpy(value) if isinstance(value, np.ndarray) else value

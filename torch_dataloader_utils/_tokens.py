@@ -12,6 +12,7 @@ Everything runs on whole chunks with numpy; no Python per row or per token.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,8 +56,8 @@ class TokenPacking:
     ``input_ids`` ``(batch, seq_len)``, ``position_ids`` (position within each document part,
     from 0 at every document start and sequence start), ``cu_seqlens`` (int32 boundaries of
     those parts over the flattened batch, as variable-length attention takes them) and
-    ``num_tokens`` (real tokens; the rest of the flattened batch is padding). Other columns
-    are not read.
+    ``num_tokens`` (an int: the real tokens; the rest of the flattened batch is padding).
+    Other columns are not read.
     """
 
     column: str
@@ -123,6 +124,12 @@ class _Pending:
         self.rows = np.concatenate([self.rows, rows])
         self.skipped = np.concatenate([self.skipped, skipped])
 
+    def starts_within(self, lo: int, size: int) -> IntArray:
+        """Where documents start among pending tokens ``[lo, lo + size)``, from ``lo``."""
+        a, b = np.searchsorted(self.starts, [lo, lo + size], side="left")
+        starts: IntArray = self.starts[a:b] - lo
+        return starts
+
     def position_after(self, end: int) -> TokenPosition:
         """The stream position once the first ``end`` pending tokens are delivered."""
         doc = int(np.searchsorted(self.starts, end, side="left")) - 1
@@ -153,7 +160,7 @@ def pack_tokens(
     skips: Mapping[int, int],
     end: int,
     describe: Any,
-) -> Iterator[tuple[dict[str, npt.NDArray[Any]], TokenPosition]]:
+) -> Iterator[tuple[dict[str, Any], TokenPosition]]:
     """Packed batches of numpy arrays from a stream's ``chunks`` (read from row ``start``),
     each with the position after it.
 
@@ -162,29 +169,31 @@ def pack_tokens(
     token follows it or ``drop_last`` drops them; otherwise a last, padded batch follows.
     ``describe(position)`` names the split of a position, for errors.
     """
-    need = batch_size * packing.seq_len
+    need, seq_len = batch_size * packing.seq_len, packing.seq_len
     pending: _Pending | None = None
-    held: tuple[dict[str, npt.NDArray[Any]], TokenPosition] | None = None
+    held: tuple[dict[str, Any], TokenPosition] | None = None
     for chunk, after in chunks:
         first = after - chunk.num_rows
         tokens, rows, starts, skipped = _documents(chunk, packing, first, skips, describe)
         if pending is None:
             pending = _Pending(tokens[:0], rows[:0], starts[:0], skipped[:0])
         pending.extend(tokens, rows, starts, skipped)
-        while len(pending.tokens) >= need:
+        whole = len(pending.tokens) // need * need
+        for lo in range(0, whole, need):
             if held is not None:
                 yield held
-            batch = _batch(pending.tokens[:need], pending, need, packing)
-            held = batch, pending.position_after(need)
-            pending.drop(need)
+            batch = _batch(pending.tokens[lo : lo + need], pending.starts_within(lo, need), seq_len)
+            held = batch, pending.position_after(lo + need)
+        if whole:
+            pending.drop(whole)
     rest = 0 if pending is None else len(pending.tokens)
     if held is not None:
         yield held[0], (TokenPosition(end) if rest == 0 or drop_last else held[1])
     if rest and not drop_last and pending is not None:
-        padded = np.full(-(-rest // packing.seq_len) * packing.seq_len, packing.pad_id)
-        padded = padded.astype(pending.tokens.dtype)
-        padded[:rest] = pending.tokens
-        yield _batch(padded, pending, rest, packing), TokenPosition(end)
+        tokens = np.full(-(-rest // seq_len) * seq_len, packing.pad_id, pending.tokens.dtype)
+        tokens[:rest] = pending.tokens
+        starts = np.append(pending.starts_within(0, rest), rest)  # the padding: a part of its own
+        yield _batch(tokens, starts, seq_len, real=rest), TokenPosition(end)
 
 
 def _documents(
@@ -231,22 +240,26 @@ def _documents(
 
 
 def _batch(
-    tokens: npt.NDArray[Any], pending: _Pending, real: int, packing: TokenPacking
-) -> dict[str, npt.NDArray[Any]]:
-    """One batch of the first ``real`` pending tokens (``tokens`` padded to whole sequences)."""
-    size, seq_len = len(tokens), packing.seq_len
-    mark = np.zeros(size, dtype=bool)
-    mark[::seq_len] = True
-    inner = pending.starts[(pending.starts > 0) & (pending.starts < real)]
-    mark[inner] = True
-    if real < size:
-        mark[real] = True  # padding is a part of its own
-    begins = np.flatnonzero(mark)
-    cu_seqlens = np.append(begins, size).astype(np.int32)
-    position_ids = np.arange(size, dtype=np.int64) - np.repeat(begins, np.diff(cu_seqlens))
+    tokens: npt.NDArray[Any], starts: IntArray, seq_len: int, real: int | None = None
+) -> dict[str, Any]:
+    """One batch of ``tokens`` (whole sequences; after the first ``real``, padding) whose
+    documents start at ``starts``: its parts are the documents cut at sequence boundaries."""
+    size = len(tokens)
+    parts = np.concatenate((starts, np.arange(0, size, seq_len)))
+    parts.sort()
+    bounds = np.append(parts[np.append(True, parts[1:] != parts[:-1])], size)
+    positions = _arange(size) - np.repeat(bounds[:-1], bounds[1:] - bounds[:-1])
     return {
         "input_ids": tokens.reshape(-1, seq_len),
-        "position_ids": position_ids.reshape(-1, seq_len),
-        "cu_seqlens": cu_seqlens,
-        "num_tokens": np.asarray(real, dtype=np.int64),
+        "position_ids": positions.reshape(-1, seq_len),
+        "cu_seqlens": bounds.astype(np.int32),
+        "num_tokens": size if real is None else real,
     }
+
+
+@functools.lru_cache(maxsize=4)
+def _arange(size: int) -> IntArray:
+    """``0 .. size - 1``, made once per batch size (read only)."""
+    numbers = np.arange(size, dtype=np.int64)
+    numbers.flags.writeable = False
+    return numbers
