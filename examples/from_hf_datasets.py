@@ -76,10 +76,12 @@ MakeLoader = Callable[[Path, int], Any]
 
 def stateful_loader(data: Path, rank: int) -> Any:
     """Our dataset under torchdata's ``StatefulDataLoader``."""
+    # HF: load_dataset(..., streaming=True).shuffle(seed=0), then split_dataset_by_node(...)
     dataset = StructuredDataset(
         str(data), batch_size=BATCH, columns=COLUMNS, shuffle=True, shuffle_seed=0,
         rank=rank, world_size=WORLD_SIZE,
     )  # fmt: skip
+    # HF: StatefulDataLoader(ds, batch_size=32, ...); here the dataset makes the batches
     return StatefulDataLoader(dataset, batch_size=None, num_workers=WORKERS)
 
 
@@ -99,7 +101,7 @@ def checkpoint_and_resume(make: MakeLoader, data: Path, rank: int, ckpt: Path) -
     for batch in loader:
         before.append(ids(batch))
         if len(before) == CHECKPOINT_AFTER:
-            torch.save({"data": loader.state_dict()}, ckpt)
+            torch.save({"data": loader.state_dict()}, ckpt)  # HF: the same call
             break
     resumed = make(data, rank)  # a new job: new loader, state from the file
     resumed.load_state_dict(torch.load(ckpt, weights_only=True)["data"])
