@@ -39,9 +39,11 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
-def run_example(name: str, workdir: Path, *, ranks: int = 0) -> str:
+def run_example(
+    name: str, workdir: Path, *, ranks: int = 0, args: tuple[str, ...] | list[str] = ()
+) -> str:
     """Run ``examples/<name>`` (under torchrun when ``ranks``); its output, after exit 0."""
-    script = [str(EXAMPLES / name), "--workdir", str(workdir)]
+    script = [str(EXAMPLES / name), "--workdir", str(workdir), *args]
     launcher = [
         "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--nnodes=1",
         "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "--monitor_interval=0.2",
@@ -122,3 +124,10 @@ def test_dcp_stateful(tmp_path: Path) -> None:
     assert "dcp.load: batches and final weights identical to the uninterrupted run" in line
     assert "2400 of 2400 rows each once" in line
     assert (tmp_path / "checkpoint" / ".metadata").is_file()
+
+
+def test_train_tiny_lm_on_packed_tokens(tmp_path: Path) -> None:
+    out = run_example("train_tiny_lm.py", tmp_path, args=["--num-workers", "2"])
+    line = summary(out, "train_tiny_lm")
+    assert "59 steps of 4 x 64 tokens; crashed at step 23, resumed from step 20" in line
+    assert "the same 39 batches, the same weights, 14858 tokens each trained on once" in line
