@@ -32,7 +32,8 @@ from _harness import make_loader
 from conftest import TOTAL_ROWS
 
 TESTS = Path(__file__).parent
-JOB_SCRIPT = TESTS / "trainers" / "accelerate_job.py"
+ACCELERATE_JOB = TESTS / "trainers" / "accelerate_job.py"
+FABRIC_JOB = TESTS / "trainers" / "fabric_job.py"
 LAUNCH_TIMEOUT = 240
 
 Batches = list[list[int]]
@@ -55,8 +56,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def accelerate_launch(nproc: int, job: dict[str, Any], workdir: Path) -> tuple[int, str]:
-    """Run the job under ``accelerate launch``; ``(return code, log)``. Killed whole on timeout."""
+def launch(cmd: list[str], job: dict[str, Any], workdir: Path) -> tuple[int, str]:
+    """Run ``cmd`` + the job file; ``(return code, log)``. The whole tree dies on timeout."""
     job_file = workdir / f"{job['phase']}-job.json"
     job_file.write_text(json.dumps({**job, "dir": str(workdir)}))
     log_file = workdir / f"{job['phase']}.log"
@@ -68,16 +69,9 @@ def accelerate_launch(nproc: int, job: dict[str, Any], workdir: Path) -> tuple[i
         "OMP_NUM_THREADS": "1",
         "PYTHONWARNINGS": "ignore",
     }
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", f"--num_processes={nproc}",
-        "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no",
-        "--main_process_ip=127.0.0.1", f"--main_process_port={_free_port()}",
-        *(["--multi_gpu", "--monitor_interval=0.2"] if nproc > 1 else []),
-        str(JOB_SCRIPT), str(job_file),
-    ]  # fmt: skip
     with log_file.open("w") as log:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir,
+            [*cmd, str(job_file)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir,
             start_new_session=True,
         )  # fmt: skip
         try:
@@ -85,8 +79,28 @@ def accelerate_launch(nproc: int, job: dict[str, Any], workdir: Path) -> tuple[i
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            raise AssertionError(f"accelerate timed out:\n{log_file.read_text()[-4000:]}") from None
+            raise AssertionError(f"{cmd[2]} timed out:\n{log_file.read_text()[-4000:]}") from None
     return code, log_file.read_text()
+
+
+def accelerate_launch(nproc: int) -> list[str]:
+    """``accelerate launch`` of ``ACCELERATE_JOB`` on ``nproc`` CPU processes (torchrun inside)."""
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", f"--num_processes={nproc}",
+        "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no",
+        "--main_process_ip=127.0.0.1", f"--main_process_port={_free_port()}",
+        *(["--multi_gpu", "--monitor_interval=0.2"] if nproc > 1 else []),
+        str(ACCELERATE_JOB),
+    ]  # fmt: skip
+
+
+def torchrun(nproc: int) -> list[str]:
+    """``torchrun`` of ``FABRIC_JOB`` on ``nproc`` processes."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+        "--monitor_interval=0.2", str(FABRIC_JOB),
+    ]  # fmt: skip
 
 
 def reports(workdir: Path, phase: str, nproc: int) -> list[dict[str, Any]]:
@@ -135,12 +149,13 @@ def accelerate_run(
     nproc: int = request.param
     workdir = tmp_path_factory.mktemp(f"accelerate{nproc}")
     start = time.monotonic()
-    code, log = accelerate_launch(
-        nproc, {"phase": "train", "cases": accelerate_cases, "kill": True}, workdir
-    )
+    job = {"phase": "train", "cases": accelerate_cases, "kill": True}
+    code, log = launch(accelerate_launch(nproc), job, workdir)
     assert code != 0, f"process 0 was to be killed, but the job succeeded:\n{log[-2000:]}"
     train = reports(workdir, "train", nproc)
-    code, log = accelerate_launch(nproc, {"phase": "resume", "cases": accelerate_cases}, workdir)
+    code, log = launch(
+        accelerate_launch(nproc), {"phase": "resume", "cases": accelerate_cases}, workdir
+    )
     assert code == 0, f"accelerate resume failed ({code}):\n{log[-4000:]}"
     print(f"accelerate {nproc} process(es), train + resume: {time.monotonic() - start:.1f}s")
     return {"nproc": nproc, "train": train, "resume": reports(workdir, "resume", nproc)}
@@ -212,3 +227,42 @@ def test_fabric_keeps_the_loader_and_resumes_exactly(
     rest = [b["id"].tolist() for b in wrapped]
     assert rest == full[k:]
     assert lost_and_repeated([first, rest]) == (0, 0)
+
+
+@pytest.fixture(scope="module")
+def fabric_case(parquet_dir: Path, small_split: int) -> dict[str, Any]:
+    base = {"path": str(parquet_dir), "split_bytes": small_split, "batch_size": 24}
+    return {**base, "num_workers": 2, "shuffle": True, "shuffle_seed": 17}
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_fabric_two_processes_resume_from_a_file_per_process(
+    tmp_path: Path, fabric_case: dict[str, Any]
+) -> None:
+    """torchrun, 2 processes x 2 workers: steps, ``fabric.save``, SIGKILL; relaunch, resume.
+
+    ``fabric.save`` writes on process 0 only, so the loader in it holds process 0's state:
+    restored from it, process 1 raises ``CheckpointMismatchError`` (nothing lost silently);
+    restored from one file per process, both continue their uninterrupted runs.
+    """
+    _require("lightning_fabric")
+    k, extra = 4, 2
+    job = {"phase": "train", "case": fabric_case, "k": k, "extra": extra, "kill": True}
+    code, log = launch(torchrun(2), job, tmp_path)
+    assert code != 0, f"process 0 was to be killed, but the job succeeded:\n{log[-2000:]}"
+    train = reports(tmp_path, "train", 2)
+    code, log = launch(torchrun(2), {"phase": "resume", "case": fabric_case}, tmp_path)
+    assert code == 0, f"fabric resume failed ({code}):\n{log[-4000:]}"
+    resumed = reports(tmp_path, "resume", 2)
+    delivered: list[Batches] = []
+    for rank in range(2):
+        full = uninterrupted(fabric_case, rank, 2)
+        assert train[rank]["world"] == [rank, 2] and train[rank]["kept"]
+        assert train[rank]["first"] + train[rank]["lost"] == full[: k + extra]
+        assert resumed[rank]["per_rank"] == full[k:]
+        delivered += [train[rank]["first"], resumed[rank]["per_rank"]]
+    assert lost_and_repeated(delivered) == (0, 0)
+    assert resumed[0]["fabric_only"] == {"batches": uninterrupted(fabric_case, 0, 2)[k:]}
+    assert resumed[1]["fabric_only"] == {"error": "CheckpointMismatchError", "field": "rank"}
