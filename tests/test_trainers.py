@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from _harness import make_loader
 from conftest import TOTAL_ROWS
 
@@ -187,6 +188,36 @@ def test_accelerate_resume_continues_the_uninterrupted_run(
     assert lost_and_repeated(delivered) == (0, 0)
 
 
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_dataloader_rebuilt_from_the_dataset_raises(
+    parquet_dir: Path, small_split: int, workers: int
+) -> None:
+    """What Accelerate's ``skip_first_batches`` and ``prepare_data_loader`` build (a DataLoader
+    over ``loader.dataset``) would read ahead or leave the state unrecorded: it raises."""
+    loader, dataset = make_loader(
+        {"path": str(parquet_dir), "split_bytes": small_split, "num_workers": workers}
+    )
+    rebuilt = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
+    with pytest.raises(RuntimeError, match="other than the StructuredDataLoader created for it"):
+        next(iter(rebuilt))
+    assert sum(len(b["id"]) for b in loader) == TOTAL_ROWS  # the loader itself still works
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_accelerate_skip_first_batches_raises(
+    parquet_dir: Path, small_split: int, workers: int
+) -> None:
+    """Accelerate's resume recipe, ``skip_first_batches(loader, n)``, rebuilds the loader."""
+    _require("accelerate")
+    from accelerate.data_loader import skip_first_batches
+
+    loader, _ = make_loader(
+        {"path": str(parquet_dir), "split_bytes": small_split, "num_workers": workers}
+    )
+    with pytest.raises(RuntimeError, match=r"Likely cause: .*skip_first_batches"):
+        next(iter(skip_first_batches(loader, 2)))
+
+
 # ----------------------------------------------------------------------------- Lightning Fabric
 
 
@@ -197,7 +228,6 @@ def test_fabric_keeps_the_loader_and_resumes_exactly(
     """``setup_dataloaders`` wraps our loader as it is; ``fabric.save``/``load`` of the loader
     (not of Fabric's wrapper, which has no state) continue the uninterrupted run."""
     _require("lightning_fabric")
-    import torch
     from lightning_fabric import Fabric
 
     case = {"path": str(parquet_dir), "split_bytes": small_split, "batch_size": 24}

@@ -53,7 +53,11 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self.num_workers == 0:
-            return super().__iter__()
+            self.dataset._loader_iterating = True  # the DataLoader calls iter(dataset) at once
+            try:
+                return super().__iter__()
+            finally:
+                self.dataset._loader_iterating = False
         return self._unpacked()
 
     def _unpacked(self) -> Iterator[Any]:
