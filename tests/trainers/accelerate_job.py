@@ -40,7 +40,6 @@ def step(accelerator: Accelerator, model: Any, optimizer: Any, batch: Any) -> li
 
 def run_case(accelerator: Accelerator, job: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
     out = Path(job["dir"], case["name"])
-    out.mkdir(exist_ok=True)
     rank = accelerator.process_index
     loader, dataset = make_loader(case["kwargs"])
     model = torch.nn.Linear(1, 1)
@@ -48,14 +47,14 @@ def run_case(accelerator: Accelerator, job: dict[str, Any], case: dict[str, Any]
     model, optimizer, prepared = accelerator.prepare(model, optimizer, loader)
     report: dict[str, Any] = {"prepared_is_loader": prepared is loader}
     if job["phase"] == "resume":
-        accelerator.load_state(str(out / "checkpoint"))
+        accelerator.load_state(str(out))
         prepared.load_state_dict(json.loads((out / f"data-rank{rank}.json").read_text()))
         report["len"] = len(prepared)
         report["batches"] = [step(accelerator, model, optimizer, b) for b in prepared]
         return report
     it = iter(prepared)
     report["first"] = [step(accelerator, model, optimizer, next(it)) for _ in range(case["k"])]
-    accelerator.save_state(str(out / "checkpoint"))
+    accelerator.save_state(str(out))  # creates the directory on every process
     (out / f"data-rank{rank}.json").write_text(json.dumps(prepared.state_dict()))
     report["lost"] = [step(accelerator, model, optimizer, next(it)) for _ in range(case["extra"])]
     report["state_rank"] = dataset.state_dict()["_rank"]
