@@ -6,9 +6,11 @@ what workers delivered: 4,096 rows lost or 40,960 repeated per resume, docs/trai
 jobs (``tests/trainers/accelerate_job.py``) run under ``accelerate launch`` with 1 and 2 CPU
 processes (gloo, 127.0.0.1), with 0 and 2 workers each: steps, checkpoint, more steps, SIGKILL;
 relaunch, resume. Every row exactly once, and each process's batches are those of its
-uninterrupted run, computed here in-process with explicit ``rank``/``world_size``.
+uninterrupted run, computed here in-process with explicit ``rank``/``world_size``. A DataLoader
+rebuilt over the dataset (``skip_first_batches``) raises instead.
 
-Lightning Fabric: ``setup_dataloaders`` wraps our loader without rebuilding it; in-process.
+Lightning Fabric: ``setup_dataloaders`` wraps our loader without rebuilding it; in-process with
+one process, under ``torchrun`` (``tests/trainers/fabric_job.py``) with two.
 
 CI installs both (the ``dev`` extra); outside CI a missing package skips its tests.
 """
