@@ -116,6 +116,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             even_batches=self._world_size > 1 if even_batches is None else bool(even_batches),
         )
         self._loader_workers: int | None = None  # the num_workers of our loader, once known
+        self._loader_iterating = False  # our loader (num_workers=0) is starting an iteration
         self._start = Start.fresh(0, len(index.splits))
         self._handoff: Iteration | None = None  # what worker copies start from
         self._progress: Progress | None = None
@@ -267,6 +268,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         return self._epochs.batches(self._start, self._loader_workers or 0)
 
     def __iter__(self) -> Iterator[Any]:
+        if self._loader_workers is not None and not (self._loader_iterating or self._handoff):
+            raise RuntimeError(_NOT_OUR_LOADER)
         worker = detect_worker()
         if worker is None:  # main process: this iteration consumes the loaded start
             with self._iteration(0) as progress:  # no worker to hand it to
@@ -328,6 +331,17 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             start=progress.positions[worker],
             skips=progress.skips.get(worker, {}),
         )
+
+
+# A DataLoader rebuilt over a dataset whose StructuredDataLoader exists would read ahead of the
+# training loop, or let workers deliver batches the state never records: rows lost or repeated.
+_NOT_OUR_LOADER = (
+    "this StructuredDataset is being iterated by a DataLoader other than the StructuredDataLoader "
+    "created for it, so its state_dict() would not be what the training loop consumed (rows "
+    "lost or repeated on resume). Likely cause: a trainer rebuilt the loader from loader.dataset "
+    "(e.g. Accelerate's skip_first_batches or prepare_data_loader). Iterate the loader from "
+    "create_dataloader itself and resume with loader.load_state_dict(state) (docs/trainers.md)"
+)
 
 
 def _log_start(progress: Progress) -> None:

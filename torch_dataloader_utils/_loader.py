@@ -35,6 +35,10 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
     """
 
     dataset: StructuredDataset
+    # Hugging Face Accelerate's `prepare` returns a loader carrying this flag as it is (and
+    # registers it); otherwise it rebuilds a plain DataLoader over the dataset that reads a batch
+    # ahead and never records what workers delivered (docs/trainers.md; tests/test_trainers.py).
+    _is_accelerate_prepared = True
 
     def __init__(self, dataset: StructuredDataset, **kwargs: Any) -> None:
         owned = sorted(set(kwargs) & set(_OWNED_BY_DATASET))
@@ -49,7 +53,11 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self.num_workers == 0:
-            return super().__iter__()
+            self.dataset._loader_iterating = True  # the DataLoader calls iter(dataset) at once
+            try:
+                return super().__iter__()
+            finally:
+                self.dataset._loader_iterating = False
         return self._unpacked()
 
     def _unpacked(self) -> Iterator[Any]:
