@@ -139,14 +139,14 @@ def main() -> None:
     saved = args.crash_at // args.every * args.every
     assert len(saved_part := uninterrupted[saved:]) == len(after)
     assert all(torch.equal(a, b) for a, b in zip(saved_part, after, strict=True))
-    assert all(torch.equal(a, b) for a, b in zip(reference.state_dict().values(),
-                                                 resumed.state_dict().values(), strict=True))  # fmt: skip
+    weights = zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in weights)
     trained = torch.cat(before[:saved] + after)
     assert len(trained) == total == len(torch.cat(uninterrupted)), (len(trained), total)
     print(
-        f"train_tiny_lm: {len(uninterrupted)} steps of {SEQUENCES} x {SEQ_LEN} tokens; crashed at step "
-        f"{args.crash_at}, resumed from step {saved}: the same {len(after)} batches, the same "
-        f"weights, {total} tokens each trained on once"
+        f"train_tiny_lm: {len(uninterrupted)} steps of {SEQUENCES} x {SEQ_LEN} tokens; crashed "
+        f"at step {args.crash_at}, resumed from step {saved}: the same {len(after)} batches, "
+        f"the same weights, {total} tokens each trained on once"
     )
 
 
