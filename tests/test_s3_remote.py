@@ -81,6 +81,9 @@ def test_without_a_plan_reads_exactly_what_is_asked():
     assert f.read() == data[-10:]
     assert fetch.ranges[-1] == (len(data) - 10, len(data))  # small reads are not rounded up
     assert f.read(5) == b""
+    f.seek(-8, io.SEEK_END)
+    assert bytes(f.read(8)) == data[-8:]  # inside the last read: kept, not fetched again
+    assert len(fetch.ranges) == 2
 
 
 def test_known_bytes_are_never_fetched():

@@ -11,7 +11,8 @@
   I/O overlaps decoding and nothing is fetched that the lane does not read.
 - ``RemoteFile``: the seekable file pyarrow reads one piece through. A read inside the piece's
   groups is served from its lane (a zero-copy ``memoryview``); any other read is one GET of
-  exactly the bytes asked; ``known`` bytes (a footer the index kept) are never fetched.
+  exactly the bytes asked (the last one, if small, kept for reads inside it); ``known`` bytes
+  (a footer the index kept) are never fetched.
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ __all__ = [
 ]
 
 WINDOW = 32 * 2**20
-AHEAD_BYTES = WINDOW
+AHEAD_BYTES = 2 * WINDOW
 HOLE = 64 * 2**10
 _FETCH_THREADS = 4
+_KEEP_LAST = 2**20  # a direct read up to this size is kept: a re-read inside it is free
 
 Span = tuple[int, int]  # [start, stop) byte offsets
 Fetch = Callable[[int, int], bytes]
@@ -309,6 +311,7 @@ class RemoteFile(io.RawIOBase):
         self._span_starts = [a for a, _, _ in spans]
         self._group = -1  # the group being read
         self._held: _Fetching | None = None
+        self._last: tuple[int, bytes] = (0, b"")  # the last small direct read
 
     # ------------------------------------------------------------------ file protocol
 
@@ -376,7 +379,13 @@ class RemoteFile(io.RawIOBase):
             data = self._held.read(start, stop)
             if data is not None:
                 return data
-        return self._obj.get(start, stop)
+        at, last = self._last
+        if at <= start and stop <= at + len(last):  # pyarrow's footer, then its last 8 bytes
+            return memoryview(last)[start - at : stop - at]
+        data = self._obj.get(start, stop)
+        if len(data) <= _KEEP_LAST:
+            self._last = (start, data)
+        return data
 
     def _group_of(self, offset: int) -> int | None:
         i = bisect.bisect_right(self._span_starts, offset) - 1

@@ -27,6 +27,7 @@ __all__ = ["Block", "IpcFooter", "buffer_counts", "read_footer"]
 _MAGIC = b"ARROW1"
 _CONTINUATION = b"\xff\xff\xff\xff"
 _RECORD_BATCH = 3  # MessageHeader union tag
+_FOOTER_DICTIONARIES = 2  # Footer.dictionaries: [Block]
 _FOOTER_BATCHES = 3  # Footer.recordBatches: [Block]
 _BATCH_BUFFERS = 2  # RecordBatch.buffers: [Buffer]
 _BATCH_VARIADIC = 4  # RecordBatch.variadicBufferCounts: [long] (view types)
@@ -68,6 +69,14 @@ class IpcFooter:
                 zip(starts, self.headers, strict=True)
             )
         )
+
+    @cached_property
+    def dictionaries(self) -> tuple[Span, ...]:
+        """Byte spans of the dictionary batches, which pyarrow reads when a file is opened."""
+        blocks = _blocks(
+            self.tail[: len(self.tail) - 10], self.offset + len(self.tail), _FOOTER_DICTIONARIES
+        )
+        return tuple((offset, offset + header + body) for offset, header, body in blocks)
 
     def units(self) -> list[tuple[int, int]]:
         """``(rows, bytes on storage)`` of each record batch: header plus body."""
@@ -132,10 +141,10 @@ def _read_footer(read_at: ReadAt, size: int) -> IpcFooter:
     return IpcFooter(offset, tail, headers)
 
 
-def _blocks(footer: bytes, size: int) -> list[tuple[int, int, int]]:
-    """``(offset, header length, body length)`` of each record batch the footer lists."""
+def _blocks(footer: bytes, size: int, field: int = _FOOTER_BATCHES) -> list[tuple[int, int, int]]:
+    """``(offset, header length, body length)`` of each record (or dictionary) batch."""
     table = _Table.root(footer)
-    start, count = table.vector(_FOOTER_BATCHES)
+    start, count = table.vector(field)
     blocks = []
     for i in range(count):
         offset, header, body = _BLOCK.unpack_from(table.buf, start + i * _BLOCK.size)

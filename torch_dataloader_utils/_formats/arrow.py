@@ -53,7 +53,8 @@ class ArrowFormat(FileFormat):
         self, metadata: FileMetadata, units: range, columns: Sequence[str] | None
     ) -> list[tuple[Span, ...]] | None:
         """Each batch's header, and the body buffers of the projected columns (the whole body
-        when the columns' buffers cannot be told apart)."""
+        when the columns' buffers cannot be told apart); the first also the dictionary batches,
+        which pyarrow reads whole when it opens the file."""
         footer = metadata.footer
         if not isinstance(footer, IpcFooter):
             return None
@@ -64,9 +65,10 @@ class ArrowFormat(FileFormat):
             block = footer.blocks[unit]
             body = block.offset + block.header
             header = (block.offset, body)
+            extra = list(footer.dictionaries) if unit == units.start else []
             buffers = block.buffers
             if fields is None or counts is None or buffers is None or len(buffers) != sum(counts):
-                spans.append(((block.offset, body + block.body),))
+                spans.append(joined([*extra, (block.offset, body + block.body)]))
                 continue
             starts = [sum(counts[:i]) for i in range(len(counts) + 1)]
             chosen = [
@@ -75,7 +77,7 @@ class ArrowFormat(FileFormat):
                 for offset, length in buffers[starts[i] : starts[i + 1]]
                 if length
             ]
-            spans.append(joined([header, *chosen]))
+            spans.append(joined([*extra, header, *chosen]))
         return spans
 
     def known_bytes(self, metadata: FileMetadata) -> tuple[int, bytes] | None:
