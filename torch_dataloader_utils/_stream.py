@@ -188,6 +188,7 @@ class _Opener:
         self._source = source
         self._remote = not source.storage.is_local
         self._lane = None
+        self._planned_groups: dict[int, tuple[Group, ...]] = {}  # by piece, planned not opened
         if self._remote and source.window == 1:
             self._lane = ReadAhead(self._planned(first, skip))
 
@@ -197,10 +198,15 @@ class _Opener:
         storage, file = self._source.storage, read.file
         if not self._remote:
             return storage.open(file.path)
-        groups = self._groups(read, lane_bytes)
         if self._lane is not None and lane_bytes is None:
+            for number in [n for n in self._planned_groups if n < read.number]:
+                del self._planned_groups[number]  # planned after their piece was opened
+            groups = self._planned_groups.pop(read.number, None)
+            if groups is None:
+                groups = self._groups(read, None)
             reads = PieceReads(self._lane, read.number, groups)
         else:
+            groups = self._groups(read, lane_bytes)
             obj = storage.remote(file.path)
             lane = ReadAhead((((0, g), obj, group) for g, group in enumerate(groups)), lane_bytes)
             reads = PieceReads(lane, 0, groups, owned=True)
@@ -217,7 +223,7 @@ class _Opener:
         pieces = self._source.pieces
         for number in range(first, len(pieces)):
             read = _piece_read(self._source, pieces, number, skip if number == first else 0)
-            groups = self._groups(read, None)
+            groups = self._planned_groups[number] = self._groups(read, None)
             if groups:
                 obj = self._source.storage.remote(read.file.path)
                 yield from (((number, g), obj, group) for g, group in enumerate(groups))
