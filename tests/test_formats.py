@@ -108,3 +108,83 @@ def test_parquet_read_as_arrow_names_the_file(tmp_path: Path):
     path = write_parquet(tmp_path / "a.parquet", rows_table(0, 3), 3)
     with pytest.raises(DataSourceError, match=r"a\.parquet as arrow"):
         StructuredDataset(path, format="arrow")
+
+
+# ---------------------------------------------------------------------------- layouts
+
+
+def _nested_ipc(compression: str | None = None) -> bytes:
+    """Record batches of flat, string, list, struct and dictionary columns (nulls included)."""
+    n = 600
+    table = pa.table(
+        {
+            "a": pa.array([i if i % 7 else None for i in range(n)], pa.int64()),
+            "s": [f"s{i}" * (i % 5) for i in range(n)],
+            "l": [[i, i + 1][: i % 3] for i in range(n)],
+            "st": [{"x": i, "y": f"y{i}"} for i in range(n)],
+            "d": pa.array([f"k{i % 4}" for i in range(n)]).dictionary_encode(),
+            "b": pa.array([i * 0.5 for i in range(n)]),
+        }
+    )
+    sink = pa.BufferOutputStream()
+    options = pyarrow.ipc.IpcWriteOptions(compression=compression)
+    with pyarrow.ipc.new_file(sink, table.schema, options=options) as writer:
+        for batch in table.to_batches(max_chunksize=200):
+            writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+@pytest.mark.parametrize("columns", [["s"], ["l", "a"], ["st"], ["b", "s", "a"], None])
+def test_arrow_projected_reads_touch_only_their_spans(compression: str | None, columns: list):
+    from torch_dataloader_utils._remote import RemoteFile, RemoteObject
+
+    data = _nested_ipc(compression)
+    fmt = get_format("arrow")
+    meta = fmt.read_metadata(pa.BufferReader(data))
+    units = range(1, 3)
+    spans = fmt.unit_spans(meta, units, columns)
+    assert spans is not None and len(spans) == 2
+    allowed = [span for unit in spans for span in unit]
+    if columns is not None:  # a projection reads less than the batches' bytes
+        assert sum(b - a for a, b in allowed) < sum(meta.unit_bytes[u] for u in units)
+    outside: list[tuple[int, int]] = []
+
+    def fetch(start: int, stop: int) -> bytes:
+        if not any(a <= start and stop <= b for a, b in allowed):
+            outside.append((start, stop))
+        return data[start:stop]
+
+    known = fmt.known_bytes(meta)
+    source = RemoteFile(RemoteObject(fetch, len(data), "mem://n.arrow"), known=known)
+    got = pa.Table.from_batches(list(fmt.read_units(source, meta, units, columns, 1000)))
+    whole = pyarrow.ipc.open_file(pa.BufferReader(data)).read_all().slice(200, 400)
+    expected = whole if columns is None else whole.select(columns)
+    assert got.equals(expected)
+    assert outside == []  # never the footer, never another column's buffers
+
+
+def test_arrow_footer_round_trips_through_its_ipc_bytes():
+    fmt = get_format("arrow")
+    meta = fmt.read_metadata(pa.BufferReader(_nested_ipc()))
+    dumped = fmt.dump_footer(meta.footer)
+    loaded = fmt.load_footer(dumped)
+    assert loaded == meta.footer and loaded.blocks == meta.footer.blocks
+    assert [b.rows for b in loaded.blocks] == [200, 200, 200]
+    with pytest.raises(ValueError, match="corrupt cached Arrow IPC footer"):
+        fmt.load_footer(dumped[:-1])
+    with pytest.raises(ValueError, match="corrupt cached Arrow IPC footer"):
+        fmt.load_footer(dumped + b"\0")
+
+
+def test_parquet_unit_spans_are_the_projected_column_chunks(tmp_path: Path):
+    path = write_parquet(tmp_path / "a.parquet", rows_table(0, 100), 30)
+    fmt = get_format("parquet")
+    meta = _meta("parquet", Path(path))
+    footer = pq.ParquetFile(path).metadata
+    spans = fmt.unit_spans(meta, range(1, 3), ["name", "id"])
+    assert spans is not None and len(spans) == 2
+    for unit, unit_spans in zip(range(1, 3), spans, strict=True):
+        group = footer.row_group(unit)
+        chunks = [group.column(c) for c in (0, 3)]  # id, name
+        assert sum(b - a for a, b in unit_spans) == sum(c.total_compressed_size for c in chunks)

@@ -160,13 +160,13 @@ def test_reads_fetch_only_projected_columns(s3: S3Env, dataset_url: str):
     from torch_dataloader_utils import _remote
 
     fetched: list[int] = []
-    original = _remote.RemoteFile._get
+    original = _remote.RemoteObject.get
 
     def counting(self: Any, start: int, stop: int) -> bytes:
         fetched.append(stop - start)
         return original(self, start, stop)
 
-    _remote.RemoteFile._get = counting  # type: ignore[method-assign]
+    _remote.RemoteObject.get = counting  # type: ignore[method-assign]
     try:
         full = StructuredDataset(dataset_url, storage_options=s3.options, batch_size=64)
         list(full)
@@ -176,5 +176,5 @@ def test_reads_fetch_only_projected_columns(s3: S3Env, dataset_url: str):
         list(narrow)
         id_only = sum(fetched)
     finally:
-        _remote.RemoteFile._get = original  # type: ignore[method-assign]
+        _remote.RemoteObject.get = original  # type: ignore[method-assign]
     assert 0 < id_only < all_columns / 2

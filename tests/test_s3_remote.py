@@ -1,4 +1,6 @@
-"""``RemoteFile``: exact ranged reads, coalesced per split, bounded read-ahead (no server needed).
+"""``RemoteFile`` and ``ReadAhead``: exact ranged reads, whole-unit groups, bounded read-ahead.
+
+No server needed.
 
 The same path serves every non-local protocol, so the last tests run it over ``memory://``.
 """
@@ -17,8 +19,16 @@ import pyarrow.parquet as pq
 import pytest
 from _data import rows_table, write_dataset
 
-from torch_dataloader_utils import DataSourceError, StructuredDataset, _remote
-from torch_dataloader_utils._remote import Layout, RemoteFile, parquet_layout
+from torch_dataloader_utils import DataSourceError, StructuredDataset
+from torch_dataloader_utils._formats import get_format
+from torch_dataloader_utils._remote import (
+    Group,
+    PieceReads,
+    ReadAhead,
+    RemoteFile,
+    RemoteObject,
+    plan_groups,
+)
 from torch_dataloader_utils._retry import RetryPolicy
 
 
@@ -56,73 +66,111 @@ def _column_spans(footer: pq.FileMetaData, groups: range, names: set[str]) -> li
     return spans
 
 
-def test_without_layout_reads_exactly_what_is_asked():
+def _file(fetch: Recorder, **kwargs: object) -> RemoteFile:
+    return RemoteFile(RemoteObject(fetch, len(fetch.data), "mem://x"), **kwargs)  # type: ignore[arg-type]
+
+
+def test_without_a_plan_reads_exactly_what_is_asked():
     data = bytes(range(256)) * 1024  # 256 KiB
     fetch = Recorder(data)
-    f = RemoteFile(fetch, len(data), "mem://x")
+    f = _file(fetch)
     f.seek(100_000)
     assert f.read(100_000) == data[100_000:200_000]
     assert fetch.ranges == [(100_000, 200_000)]
     f.seek(-10, io.SEEK_END)
     assert f.read() == data[-10:]
-    assert fetch.ranges[-1] == (len(data) - 10, len(data))  # a small read, clipped at the end
+    assert fetch.ranges[-1] == (len(data) - 10, len(data))  # small reads are not rounded up
     assert f.read(5) == b""
+    f.seek(-8, io.SEEK_END)
+    assert bytes(f.read(8)) == data[-8:]  # inside the last read: kept, not fetched again
+    assert len(fetch.ranges) == 2
 
 
-def test_small_reads_share_one_rounded_request():
-    data = bytes(200_000)
+def test_known_bytes_are_never_fetched():
+    data = bytes(range(256)) * 100
     fetch = Recorder(data)
-    f = RemoteFile(fetch, len(data), "mem://x")
-    for offset in (1000, 1100, 1200, 60_000):
-        f.seek(offset)
-        f.read(50)
-    assert fetch.ranges == [(1000, 1000 + _remote.MIN_READ)]
+    f = _file(fetch, known=(len(data) - 1000, data[-1000:]))
+    f.seek(-10, io.SEEK_END)
+    assert f.read(10) == data[-10:]
+    f.seek(len(data) - 1000)
+    assert bytes(f.read(1000)) == data[-1000:]
+    assert fetch.ranges == []
+    f.seek(len(data) - 1001)
+    assert bytes(f.read(2)) == data[-1001:-999]  # not all known: fetched
+    assert fetch.ranges == [(len(data) - 1001, len(data) - 999)]
 
 
-def test_projected_split_is_read_in_coalesced_windows_without_over_read(
-    monkeypatch: pytest.MonkeyPatch,
-):
-    monkeypatch.setattr(_remote, "WINDOW", 64 * 1024)
+def _lane(fetch: Recorder, groups: list[Group], ahead: int | None = None) -> PieceReads:
+    obj = RemoteObject(fetch, len(fetch.data), "mem://x")
+    lane = ReadAhead((((0, g), obj, group) for g, group in enumerate(groups)), ahead)
+    return PieceReads(lane, 0, tuple(groups), owned=True)
+
+
+def test_projected_split_is_read_in_groups_without_over_read():
     data = _parquet()
     footer = pq.ParquetFile(pa.BufferReader(data)).metadata
-    # Splits: row groups [0, 3), [3, 5), [5, 8); read the middle one, columns id and x.
-    layout = parquet_layout(footer, ["id", "x"], [0, 3, 5, 8])
+    meta = get_format("parquet").read_metadata(pa.BufferReader(data))
+    # Read the split of row groups [3, 5), columns id and x, in groups of at most 4 KiB.
+    spans = get_format("parquet").unit_spans(meta, range(3, 5), ["id", "x"])
+    assert spans is not None
+    groups = plan_groups(spans, window=4 * 1024)
+    assert len(groups) == 2  # one row group each
     fetch = Recorder(data)
-    source = RemoteFile(fetch, len(data), "mem://x", layout=layout)
-    reader = pq.ParquetFile(source, metadata=footer)
-    table = reader.read_row_groups([3, 4], columns=["id", "x"])
+    source = RemoteFile(RemoteObject(fetch, len(data), "mem://x"), reads=_lane(fetch, groups))
+    reader = pq.ParquetFile(source, metadata=footer, pre_buffer=False)
+    table = reader.read_row_groups([3, 4], columns=["id", "x"])  # as read_units reads it
     assert table["id"].to_pylist() == list(range(1500, 2500))
     needed = _column_spans(footer, range(3, 5), {"id", "x"})
-    lo, hi = min(a for a, _ in needed), max(b for _, b in needed)
-    assert all(lo <= a and b <= hi for a, b in fetch.ranges), (fetch.ranges, (lo, hi))
-    fetched = sum(b - a for a, b in fetch.ranges)
-    assert fetched == sum(b - a for a, b in layout.windows(3, 64 * 1024, _remote.HOLE))
-    assert all(b - a <= 64 * 1024 for a, b in fetch.ranges)
-    assert fetched < 0.7 * len(data) * 2 / 5  # columns "label" and "name" and other splits skipped
+    assert sorted(fetch.ranges) == [s for g in groups for s in g.spans]
+    assert sum(b - a for a, b in fetch.ranges) == sum(b - a for a, b in needed)
 
 
-def test_read_ahead_is_bounded(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(_remote, "WINDOW", 1000)
-    spans = tuple(((i * 1000, (i + 1) * 1000),) for i in range(20))
-    layout = Layout(spans, (0, 20))
+def test_read_ahead_is_bounded_and_in_order():
     data = bytes(20_000)
+    spans = [((i * 1000, (i + 1) * 1000),) for i in range(20)]
+    groups = plan_groups(spans, window=2000)
+    assert [g.spans for g in groups] == [((i * 2000, (i + 1) * 2000),) for i in range(10)]
     fetch = Recorder(data)
-    f = RemoteFile(fetch, len(data), "mem://x", layout=layout)
+    reads = _lane(fetch, groups, ahead=4000)
+    f = RemoteFile(RemoteObject(fetch, len(data), "mem://x"), reads=reads)
     most = 0
     for offset in range(0, 20_000, 500):
         f.seek(offset)
         assert f.read(500) == data[offset : offset + 500]
-        most = max(most, len(f._futures))
-    assert most <= _remote.AHEAD + 1
-    assert sorted(fetch.ranges) == [(i * 1000, (i + 1) * 1000) for i in range(20)]
+        started = sum(p.fetching is not None for p in reads.lane._queue)
+        most = max(most, started)
+    assert most == 2  # 4000 bytes ahead: two groups of 2000 beyond the one being read
+    assert fetch.ranges == [(i * 2000, (i + 1) * 2000) for i in range(10)]
 
 
-def test_layout_windows_stop_at_the_split_end():
-    layout = Layout(tuple(((i * 10, i * 10 + 8),) for i in range(6)), (0, 2, 4))
-    assert layout.split_end(0) == 2 and layout.split_end(3) == 4 and layout.split_end(5) == 6
-    assert layout.windows(2, window=100, hole=2) == [(20, 38)]
-    assert layout.windows(2, window=100, hole=1) == [(20, 28), (30, 38)]
-    assert layout.windows(4, window=5, hole=2) == [(40, 45), (45, 50), (50, 55), (55, 58)]
+def test_groups_hold_whole_units_and_merge_only_small_holes():
+    units = [((0, 100), (200, 300)), ((300, 400),), ((10_000, 10_100),), ((10_101, 20_000),)]
+    # a 100-byte hole in a 300-byte span is more than 1/16: kept apart; touching spans join
+    assert plan_groups(units[:2], window=1000, hole=1000) == [Group(((0, 100), (200, 400)))]
+    assert plan_groups(units[:2], window=1000, hole=50) == [Group(((0, 100), (200, 400)))]
+    # a 1-byte hole in a 10,000-byte span is merged; the window cuts between units only
+    assert plan_groups(units[2:], window=100, hole=10) == [
+        Group(((10_000, 10_100),)),
+        Group(((10_101, 20_000),)),
+    ]
+    assert plan_groups(units[2:], window=100_000, hole=10) == [Group(((10_000, 20_000),))]
+
+
+def test_a_lane_fetches_pieces_in_order_and_drops_groups_skipped():
+    data = bytes(range(256)) * 40
+    fetch = Recorder(data)
+    obj = RemoteObject(fetch, len(data), "mem://x")
+    planned = [((p, g), obj, Group(((p * 3000 + g * 1000, p * 3000 + g * 1000 + 500),)))
+               for p in range(3) for g in range(2)]  # fmt: skip
+    lane = ReadAhead(iter(planned), ahead=0)
+    first = lane.take((0, 0))
+    assert first is not None and bytes(first.read(0, 10)) == data[:10]
+    second = lane.take((1, 1))  # (0, 1) and (1, 0) are dropped; (1, 0) was never started
+    assert second is not None and bytes(second.read(4000, 4010)) == data[4000:4010]
+    assert lane.take((1, 0)) is None  # behind the lane: not planned any more
+    lane.close()
+    assert {(0, 500), (4000, 4500)} <= set(fetch.ranges)
+    assert (3000, 3500) not in fetch.ranges
 
 
 def test_transient_errors_are_retried_and_permanent_ones_named():
@@ -136,16 +184,16 @@ def test_transient_errors_are_retried_and_permanent_ones_named():
         return data[start:stop]
 
     policy = RetryPolicy(attempts=3, base_delay=0)
-    f = RemoteFile(flaky, len(data), "s3://b/k.parquet", retry=policy)
+    f = RemoteFile(RemoteObject(flaky, len(data), "s3://b/k.parquet", retry=policy))
     assert f.read(70_000) == data[:70_000]
 
     def denied(start: int, stop: int) -> bytes:
         raise PermissionError("Access Denied for secret-abc")
 
-    f = RemoteFile(denied, len(data), "s3://b/k.parquet", retry=policy,
-                   redact=lambda m: m.replace("secret-abc", "***"))  # fmt: skip
+    obj = RemoteObject(denied, len(data), "s3://b/k.parquet", retry=policy,
+                       redact=lambda m: m.replace("secret-abc", "***"))  # fmt: skip
     with pytest.raises(DataSourceError, match=r"s3://b/k\.parquet bytes \[0, 70000\)") as info:
-        f.read(70_000)
+        RemoteFile(obj).read(70_000)
     assert "not retried" in str(info.value) and "secret-abc" not in str(info.value)
     assert info.value.__cause__ is None  # the cause held the secret
 
@@ -158,8 +206,8 @@ def test_short_body_is_retried():
         calls.append(1)
         return data[start : stop - (1 if len(calls) == 1 else 0)]
 
-    f = RemoteFile(short_once, len(data), "x", retry=RetryPolicy(attempts=2, base_delay=0))
-    assert f.read(90_000) == data[:90_000]
+    obj = RemoteObject(short_once, len(data), "x", retry=RetryPolicy(attempts=2, base_delay=0))
+    assert RemoteFile(obj).read(90_000) == data[:90_000]
     assert len(calls) == 2
 
 
@@ -177,63 +225,12 @@ def memory_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     fs.rm(root, recursive=True)
 
 
-def test_memory_protocol_uses_planned_reads_and_resumes(memory_data: str):
+def test_memory_protocol_reads_ahead_and_resumes(memory_data: str):
     dataset = StructuredDataset(memory_data, columns=["id", "name"], split_bytes=1, batch_size=8)
-    storage = dataset._storage
-    assert not storage.is_local
-    source = storage.open(dataset._index.files[0].path)
-    assert isinstance(source, RemoteFile) and source._layout is not None
+    assert not dataset._storage.is_local
     rows = [(int(i), n) for b in dataset for i, n in zip(b["id"], b["name"], strict=True)]
     assert sorted(rows) == [(i, f"r{i}") for i in range(120)]
-    case = {"path": memory_data, "columns": ["id", "name"], "batch_size": 8, "split_bytes": 1,
-            "shuffle": True, "num_workers": 2}  # fmt: skip
-    _harness.assert_resume_exact(case, 5)
-
-
-def test_prefetch_hint_is_adopted_by_the_next_open(memory_data: str):
-    dataset = StructuredDataset(memory_data, split_bytes=1, batch_size=8)
-    storage, index = dataset._storage, dataset._index
-    split = index.splits[3]
-    path = index.files[split.file].path
-    storage.prefetch(path, split.units.start)
-    other = index.files[1 - split.file].path
-    storage.prefetch(other, 0)  # a newer hint replaces the older one
-    storage.prefetch(path, split.units.start)
-    source = storage.open(path)
-    assert isinstance(source, RemoteFile) and source._prefetched
-    early = dict(source._prefetched)
-    reader = pq.ParquetFile(source, metadata=index.files[split.file].metadata.footer)
-    table = reader.read_row_groups(list(split.units))
-    first = split.row_offset + (0 if split.file == 0 else 70)
-    assert table["id"].to_pylist() == list(range(first, first + split.row_length))
-    assert not source._prefetched  # used, not fetched again
-    assert all(f.done() for f in early.values())
-    assert storage.open(path)._prefetched == {}  # a hint serves one open
-
-
-def _prefetch_in_child(storage: object, path: str, unit: int, done: object) -> None:
-    storage.prefetch(path, unit)  # type: ignore[attr-defined]
-    source = storage.open(path)  # type: ignore[attr-defined]
-    done.put(bool(source._prefetched))  # type: ignore[attr-defined]
-
-
-def test_prefetch_in_a_forked_worker_never_takes_an_inherited_lock(memory_data: str):
-    import multiprocessing
-
-    dataset = StructuredDataset(memory_data, split_bytes=1, batch_size=8)
-    storage, index = dataset._storage, dataset._index
-    split = index.splits[3]
-    path = index.files[split.file].path
-    context = multiprocessing.get_context("fork")
-    done = context.Queue()
-    child = context.Process(
-        target=_prefetch_in_child, args=(storage, path, split.units.start, done), daemon=True
-    )
-    with storage._lock:  # a parent thread holds it at the fork
-        child.start()
-    try:
-        assert done.get(timeout=30) is True  # prefetched, no deadlock
-        child.join(10)
-        assert child.exitcode == 0
-    finally:
-        child.kill()
+    for shuffle_window in (1, 4):
+        case = {"path": memory_data, "columns": ["id", "name"], "batch_size": 8, "split_bytes": 1,
+                "shuffle": True, "shuffle_window": shuffle_window, "num_workers": 2}  # fmt: skip
+        _harness.assert_resume_exact(case, 5)

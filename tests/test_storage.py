@@ -223,14 +223,19 @@ def test_the_same_files_named_differently_resume_each_other(tmp_path, monkeypatc
         assert _harness.resume({**base, "path": path}, state) == full[5:], path
 
 
-def test_fork_hook_gives_every_storage_a_fresh_lock(tmp_path: Path):
-    from torch_dataloader_utils import _storage
-
-    storage = Storage(str(tmp_path))
-    storage._ahead = ("path", {})
-    old = storage._lock
-    old.acquire()  # as if a parent thread held it at the fork
-    _storage._reset_after_fork()  # what os.register_at_fork runs in the child
-    assert storage._lock is not old and storage._lock.acquire(timeout=1)
-    assert storage._ahead is None
-    assert storage in _storage._LIVE and pickle.loads(pickle.dumps(storage)) in _storage._LIVE
+def test_remote_opens_take_sizes_from_the_listing(memory_root: str):
+    storage = Storage(memory_root)
+    entry = storage.list_files(f"{memory_root}/data/part-00001.parquet")[0]
+    calls: list[str] = []
+    fs = storage.fs
+    original = fs.size
+    fs.size = lambda path: calls.append(path) or original(path)
+    try:
+        with storage.open(entry.path) as handle:
+            assert handle.size() == entry.size
+            assert bytes(handle.read(4)) == b"PAR1"
+    finally:
+        fs.size = original
+    assert calls == []  # no HEAD request per open
+    copy = pickle.loads(pickle.dumps(storage))
+    assert copy.remote(entry.path).size == entry.size

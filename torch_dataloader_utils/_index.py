@@ -119,8 +119,6 @@ def build_index(
         [f.metadata.unit_bytes for f in files], [f.metadata.unit_rows for f in files], split_bytes
     )
     _check_rows(files, splits)
-    if not storage.is_local:
-        storage.plan_reads(_read_plans(files, splits), columns)
     return DatasetIndex(files, tuple(splits), schema)
 
 
@@ -208,16 +206,6 @@ def _local_rank() -> int:
         return int(os.environ.get("LOCAL_RANK", "0"))
     except ValueError:
         return 0
-
-
-def _read_plans(
-    files: Sequence[IndexedFile], splits: Sequence[Split]
-) -> list[tuple[str, FileMetadata, list[int]]]:
-    """Per file: path, metadata and the unit boundaries of its splits (for remote reads)."""
-    bounds: list[set[int]] = [set() for _ in files]
-    for split in splits:
-        bounds[split.file].update((split.units.start, split.units.stop))
-    return [(f.path, f.metadata, sorted(b)) for f, b in zip(files, bounds, strict=True)]
 
 
 def _read_metadata(storage: Storage, fmt: FileFormat, entry: FileEntry) -> FileMetadata:

@@ -1,19 +1,18 @@
-"""Ranged, coalesced, read-ahead reads of one remote object for pyarrow.
+"""Ranged reads of remote objects for pyarrow, and the read-ahead of one stream's pieces.
 
-``RemoteFile`` is a read-only, seekable file object. It never asks the filesystem for more
-than it was told is needed:
-
-- Without a layout (footer reads while indexing, Arrow IPC files) every read is one ranged GET
-  of exactly the bytes asked for (small reads are rounded up to ``MIN_READ`` within the object).
-- With a ``Layout`` (the byte spans of each Parquet row group's projected column chunks and the
-  row groups where splits begin), the first read of a row group plans the rest of its split:
-  the spans of the split's remaining row groups, merged across holes up to ``HOLE`` bytes and
-  cut into windows of at most ``WINDOW`` bytes. Windows are fetched in the background, at most
-  ``AHEAD`` beyond the one being read, so a stream holds at most ``(AHEAD + 1) * WINDOW``
-  bytes of read-ahead at a time; the windows behind the reader are dropped.
-
-Every GET is retried on transient errors (``_retry``); a persistent failure raises
-``DataSourceError`` naming the object and the byte range.
+- ``RemoteObject``: one object's size and name, and ``get(start, stop)``: one ranged GET,
+  retried on transient errors (``_retry``); a persistent failure raises ``DataSourceError``
+  naming the object and the byte range.
+- ``Group``: bytes fetched together: the byte spans of one or more whole consecutive units (row
+  groups, record batches) of one piece, at most ``WINDOW`` bytes unless one unit is larger,
+  merged across small holes (at most ``HOLE`` bytes and 1/16 of the merged span).
+- ``ReadAhead``: one lane of a stream: the groups its pieces read, in reading order, fetched in
+  the background at most ``AHEAD_BYTES`` past the group being read (at least one group), so
+  I/O overlaps decoding and nothing is fetched that the lane does not read.
+- ``RemoteFile``: the seekable file pyarrow reads one piece through. A read inside the piece's
+  groups is served from its lane (a zero-copy ``memoryview``); any other read is one GET of
+  exactly the bytes asked (the last one, if small, kept for reads inside it); ``known`` bytes
+  (a footer the index kept) are never fetched.
 """
 
 from __future__ import annotations
@@ -22,80 +21,127 @@ import bisect
 import io
 import os
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from ._errors import DataSourceError
 from ._retry import DEFAULT_RETRY, RetryPolicy, is_transient, retry_call
 
-__all__ = ["AHEAD", "HOLE", "WINDOW", "Layout", "RemoteFile", "parquet_layout"]
+__all__ = [
+    "AHEAD_BYTES",
+    "HOLE",
+    "WINDOW",
+    "Group",
+    "PieceReads",
+    "ReadAhead",
+    "RemoteFile",
+    "RemoteObject",
+    "plan_groups",
+]
 
 WINDOW = 32 * 2**20
-AHEAD = 1
-HOLE = 1 * 2**20
-MIN_READ = 64 * 2**10
+AHEAD_BYTES = 2 * WINDOW
+HOLE = 64 * 2**10
 _FETCH_THREADS = 4
+_KEEP_LAST = 2**20  # a direct read up to this size is kept: a re-read inside it is free
 
 Span = tuple[int, int]  # [start, stop) byte offsets
+Fetch = Callable[[int, int], bytes]
+
+
+class RemoteObject:
+    """``size`` bytes of the object ``name`` (its display name), read by ``fetch(start, stop)``."""
+
+    def __init__(
+        self,
+        fetch: Fetch,
+        size: int,
+        name: str,
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        redact: Callable[[str], str] = str,
+    ) -> None:
+        self._fetch, self.size, self.name = fetch, size, name
+        self._retry, self._redact = retry, redact
+
+    def get(self, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)``: one GET, retried; ``DataSourceError`` naming the range."""
+
+        def attempt() -> bytes:
+            data = self._fetch(start, stop)
+            if len(data) != stop - start:
+                raise ConnectionError(
+                    f"short read: {len(data)} of {stop - start} bytes (connection closed early)"
+                )
+            return data
+
+        try:
+            return retry_call(
+                attempt, self._retry, what=f"reading {self.name} bytes [{start}, {stop})"
+            )
+        except Exception as exc:
+            error = self._failure(start, stop, exc)
+            raise error from error.__cause__
+
+    def _failure(self, start: int, stop: int, exc: Exception) -> DataSourceError:
+        """The error for a range that could not be read, credentials scrubbed, cause kept."""
+        tries = (
+            f"after {self._retry.attempts} attempts (set TDU_RETRY_ATTEMPTS to retry longer)"
+            if is_transient(exc)
+            else "(not retried: the error is not transient)"
+        )
+        text = f"cannot read {self.name} bytes [{start}, {stop}) {tries}: {exc}"
+        error = DataSourceError(self._redact(text))
+        error.__cause__ = exc if self._redact(text) == text else None
+        return error
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Where a file's units (row groups) live: merged byte spans per unit, split start units."""
+class Group:
+    """Sorted, disjoint byte spans of whole units, fetched together."""
 
-    unit_spans: tuple[tuple[Span, ...], ...]
-    split_starts: tuple[int, ...]
+    spans: tuple[Span, ...]
 
-    def unit_at(self, offset: int) -> int | None:
-        """The unit one of whose spans holds byte ``offset``; ``None`` outside all of them."""
-        for unit, spans in enumerate(self.unit_spans):
-            if any(a <= offset < b for a, b in spans):
-                return unit
-        return None
-
-    def split_end(self, unit: int) -> int:
-        """The first unit after ``unit`` that starts another split."""
-        i = bisect.bisect_right(self.split_starts, unit)
-        return self.split_starts[i] if i < len(self.split_starts) else len(self.unit_spans)
-
-    def windows(self, unit: int, window: int | None = None, hole: int | None = None) -> list[Span]:
-        """Byte windows covering units ``[unit, split_end)``: merged, each at most ``window``."""
-        window = WINDOW if window is None else window
-        spans = sorted(s for u in range(unit, self.split_end(unit)) for s in self.unit_spans[u])
-        merged = _merge(spans, HOLE if hole is None else hole)
-        return [(start, min(start + window, b)) for a, b in merged for start in range(a, b, window)]
+    @property
+    def nbytes(self) -> int:
+        return sum(b - a for a, b in self.spans)
 
 
-def parquet_layout(
-    footer: Any, columns: Sequence[str] | None, split_starts: Sequence[int]
-) -> Layout:
-    """The ``Layout`` of a Parquet file from its parsed footer, for the projected columns."""
-    wanted = None if columns is None else set(columns)
-    spans = []
-    for r in range(footer.num_row_groups):
-        group = footer.row_group(r)
-        chunks = []
-        for c in range(group.num_columns):
-            col = group.column(c)
-            if wanted is not None and col.path_in_schema.split(".")[0] not in wanted:
-                continue
-            start = col.data_page_offset
-            if col.has_dictionary_page and 0 < col.dictionary_page_offset < start:
-                start = col.dictionary_page_offset
-            chunks.append((start, start + col.total_compressed_size))
-        spans.append(tuple(_merge(sorted(chunks), 0)))
-    return Layout(tuple(spans), tuple(sorted(set(split_starts))))
+def plan_groups(
+    unit_spans: Iterable[Sequence[Span]], window: int | None = None, hole: int = HOLE
+) -> list[Group]:
+    """Consecutive units' spans in groups of at most ``window`` bytes (a larger unit alone)."""
+    window = WINDOW if window is None else window
+    groups: list[Group] = []
+    current: list[Span] = []
+    size = 0
+    for spans in unit_spans:
+        unit_size = sum(b - a for a, b in spans)
+        if current and size + unit_size > window:
+            groups.append(Group(tuple(_merge(sorted(current), hole))))
+            current, size = [], 0
+        current.extend(spans)
+        size += unit_size
+    if current:
+        groups.append(Group(tuple(_merge(sorted(current), hole))))
+    return groups
 
 
 def _merge(spans: Sequence[Span], hole: int) -> list[Span]:
+    """``spans`` (sorted) merged where they touch or a hole is small: at most ``hole`` bytes and
+    1/16 of the merged span, so merging reads at most ~6 % more than asked."""
     merged: list[Span] = []
     for a, b in spans:
-        if merged and a - merged[-1][1] <= hole:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
+        if merged:
+            first, last = merged[-1]
+            gap = a - last
+            if gap <= 0 or (gap <= hole and gap * 16 <= b - first):
+                merged[-1] = (first, max(last, b))
+                continue
+        merged.append((a, b))
     return merged
 
 
@@ -120,38 +166,152 @@ def _fetch_pool() -> ThreadPoolExecutor:
         return _pool[1]
 
 
-Fetch = Callable[[int, int], bytes]
+class _Fetching:
+    """One group's bytes, fetched in the background: one GET per span, cut at ``WINDOW``."""
+
+    def __init__(self, obj: RemoteObject, group: Group) -> None:
+        pool = _fetch_pool()
+        self.name = obj.name
+        self._parts = [
+            (a, min(a + WINDOW, stop), pool.submit(obj.get, a, min(a + WINDOW, stop)))
+            for start, stop in group.spans
+            for a in range(start, stop, WINDOW)
+        ]
+        self._starts = [a for a, _, _ in self._parts]
+
+    def read(self, start: int, stop: int) -> bytes | memoryview | None:
+        """Bytes ``[start, stop)`` when the group holds all of them, else ``None``."""
+        i = bisect.bisect_right(self._starts, start) - 1
+        out: list[memoryview] = []
+        pos = start
+        while pos < stop:
+            if i < 0 or i >= len(self._parts) or not self._parts[i][0] <= pos < self._parts[i][1]:
+                return None
+            a, b, future = self._parts[i]
+            take = min(stop, b)
+            out.append(memoryview(future.result())[pos - a : take - a])
+            pos, i = take, i + 1
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def cancel(self) -> None:
+        for _, _, future in self._parts:
+            future.cancel()
+
+
+Key = tuple[int, int]  # (piece number in the lane, group number in the piece)
+
+
+@dataclass
+class _Planned:
+    key: Key
+    obj: RemoteObject
+    group: Group
+    fetching: _Fetching | None = None
+
+    def start(self) -> _Fetching:
+        if self.fetching is None:
+            self.fetching = _Fetching(self.obj, self.group)
+        return self.fetching
+
+
+class ReadAhead:
+    """The groups one lane reads, in order; those after the one being read fetched ahead.
+
+    ``planned`` yields ``(key, object, group)`` in reading order, keys increasing; it is pulled
+    lazily, only as far as the read-ahead reaches. Used by one thread (the stream's).
+    """
+
+    def __init__(
+        self, planned: Iterable[tuple[Key, RemoteObject, Group]], ahead: int | None = None
+    ) -> None:
+        self._planned: Iterator[tuple[Key, RemoteObject, Group]] = iter(planned)
+        self._ahead = AHEAD_BYTES if ahead is None else ahead
+        self._queue: deque[_Planned] = deque()
+
+    def take(self, key: Key) -> _Fetching | None:
+        """The group planned under ``key`` (fetching); planned groups before it are dropped
+        unread. ``None`` when ``key`` is not planned."""
+        while True:
+            if not self._queue and not self._pull():
+                return None
+            if self._queue[0].key > key:
+                return None
+            head = self._queue.popleft()
+            if head.key == key:
+                break
+            if head.fetching is not None:
+                head.fetching.cancel()
+        fetching = head.start()
+        self._fill()
+        return fetching
+
+    def close(self) -> None:
+        """Cancel every fetch not yet taken."""
+        for planned in self._queue:
+            if planned.fetching is not None:
+                planned.fetching.cancel()
+        self._queue.clear()
+        self._planned = iter(())
+
+    def _pull(self) -> bool:
+        item = next(self._planned, None)
+        if item is None:
+            return False
+        self._queue.append(_Planned(*item))
+        return True
+
+    def _fill(self) -> None:
+        """Start the queued groups up to ``ahead`` bytes (at least the next one)."""
+        budget, i = self._ahead, 0
+        while i < len(self._queue) or self._pull():
+            planned = self._queue[i]
+            if i and planned.group.nbytes > budget:
+                return
+            budget -= planned.group.nbytes
+            planned.start()
+            i += 1
+
+
+@dataclass(frozen=True)
+class PieceReads:
+    """What one piece reads: its ``groups``, fetched by ``lane`` under ``(piece, i)``;
+    ``owned``: the lane serves this piece alone and closes with its file."""
+
+    lane: ReadAhead
+    piece: int
+    groups: tuple[Group, ...]
+    owned: bool = False
 
 
 class RemoteFile(io.RawIOBase):
-    """A read-only view of ``size`` bytes fetched through ``fetch(start, stop)``.
+    """A read-only, seekable view of a ``RemoteObject`` for pyarrow.
 
-    ``name`` is the object's display name, used in errors; ``redact`` scrubs messages.
+    With ``reads``, bytes inside the piece's groups come from its lane; ``known`` is
+    ``(offset, bytes)`` of the object already held (a footer), never fetched again.
     """
 
     def __init__(
         self,
-        fetch: Fetch,
-        size: int,
-        name: str,
+        obj: RemoteObject,
         *,
-        layout: Layout | None = None,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        redact: Callable[[str], str] = str,
-        prefetched: dict[Span, Future[bytes]] | None = None,
+        reads: PieceReads | None = None,
+        known: tuple[int, bytes] | None = None,
     ) -> None:
         super().__init__()
-        self._fetch, self._size, self.name = fetch, size, name
-        self._layout, self._retry, self._redact = layout, retry, redact
+        self._obj, self.name = obj, obj.name
+        self._reads, self._known = reads, known
         self._pos = 0
-        self._windows: list[Span] = []
-        self._starts: list[int] = []
-        self._futures: dict[int, Future[bytes]] = {}
-        self._prefetched = dict(prefetched or {})  # windows fetched before this file opened
-        self._current = -1  # index of the window being read
-        self._block: tuple[int, bytes] = (0, b"")  # the last small direct read, rounded up
-        self.requests = 0
-        self.bytes_fetched = 0
+        spans = [
+            (a, b, g)
+            for g, group in enumerate(reads.groups if reads is not None else ())
+            for a, b in group.spans
+        ]
+        spans.sort()
+        self._spans = spans
+        self._span_starts = [a for a, _, _ in spans]
+        self._group = -1  # the group being read
+        self._held: _Fetching | None = None
+        self._last: tuple[int, bytes] = (0, b"")  # the last small direct read
 
     # ------------------------------------------------------------------ file protocol
 
@@ -162,13 +322,13 @@ class RemoteFile(io.RawIOBase):
         return True
 
     def size(self) -> int:
-        return self._size
+        return self._obj.size
 
     def tell(self) -> int:
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._obj.size}[whence]
         if base + offset < 0:
             raise ValueError(f"negative seek position in {self.name}")
         self._pos = base + offset
@@ -176,10 +336,11 @@ class RemoteFile(io.RawIOBase):
 
     def read(self, size: int | None = -1) -> Any:
         """Up to ``size`` bytes from the position, as a zero-copy ``memoryview`` when they lie
-        in one fetched window (pyarrow wraps it without copying), else ``bytes``."""
+        in one fetched part (pyarrow wraps it without copying), else ``bytes``."""
         if self.closed:
             raise ValueError(f"read of closed file {self.name}")
-        stop = self._size if size is None or size < 0 else min(self._size, self._pos + size)
+        end = self._obj.size
+        stop = end if size is None or size < 0 else min(end, self._pos + size)
         if stop <= self._pos:
             return b""
         data = self._read_range(self._pos, stop)
@@ -195,110 +356,39 @@ class RemoteFile(io.RawIOBase):
         return len(data)
 
     def close(self) -> None:
-        for future in [*self._futures.values(), *self._prefetched.values()]:
-            future.cancel()
-        self._futures.clear()
-        self._prefetched.clear()
+        self._held = None
+        if self._reads is not None and self._reads.owned:
+            self._reads.lane.close()
         super().close()
 
     # ------------------------------------------------------------------ reading
 
     def _read_range(self, start: int, stop: int) -> bytes | memoryview:
-        if self._layout is not None and not self._windows:
-            self._plan_windows(start)
-        window = self._window_of(start)
-        if window is None:
-            return self._direct(start, stop)
-        parts: list[bytes | memoryview] = []
-        pos = start
-        while pos < stop:
-            if window is None or window >= len(self._windows):
-                parts.append(self._direct(pos, stop))
-                break
-            a, b = self._windows[window]
-            if pos < a:  # a gap between windows: bytes nobody planned for
-                parts.append(self._direct(pos, min(a, stop)))
-                pos = min(a, stop)
-                continue
-            data = self._window_data(window)
-            take = min(stop, b)
-            parts.append(memoryview(data)[pos - a : take - a])
-            pos, window = take, window + 1
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def _plan_windows(self, offset: int) -> None:
-        assert self._layout is not None
-        unit = self._layout.unit_at(offset)
-        if unit is None:
-            return
-        self._windows = self._layout.windows(unit)
-        self._starts = [a for a, _ in self._windows]
-
-    def _window_of(self, offset: int) -> int | None:
-        i = bisect.bisect_right(self._starts, offset) - 1
-        if i < 0 or offset >= self._windows[i][1] or i < self._current:
-            return None
-        return i
-
-    def _window_data(self, window: int) -> bytes:
-        """Window ``window``'s bytes; keeps ``AHEAD`` windows after it in flight."""
-        if window != self._current:
-            for old in [w for w in self._futures if w < window]:
-                self._futures.pop(old).cancel()
-            self._current = window
-        for ahead in range(window, min(window + AHEAD + 1, len(self._windows))):
-            if ahead not in self._futures:
-                a, b = self._windows[ahead]
-                early = self._prefetched.pop((a, b), None)
-                self._futures[ahead] = early or _fetch_pool().submit(self._get, a, b)
-        return self._futures[window].result()
-
-    def prefetch(self, unit: int) -> dict[Span, Future[bytes]]:
-        """Start fetching the first windows of the split entered at ``unit``; for the next open."""
-        if self._layout is None:
-            return {}
-        windows = self._layout.windows(unit)[: AHEAD + 1]
-        return {(a, b): _fetch_pool().submit(self._get, a, b) for a, b in windows}
-
-    def _direct(self, start: int, stop: int) -> bytes | memoryview:
-        """Bytes ``[start, stop)``; a small read is rounded up to ``MIN_READ`` and kept."""
-        at, block = self._block
-        if at <= start and stop <= at + len(block):
-            return memoryview(block)[start - at : stop - at]
-        if stop - start >= MIN_READ:
-            return self._get(start, stop)
-        end = min(self._size, max(stop, start + MIN_READ))
-        self._block = (start, self._get(start, end))
-        return memoryview(self._block[1])[: stop - start]
-
-    def _get(self, start: int, stop: int) -> bytes:
-        def attempt() -> bytes:
-            data = self._fetch(start, stop)
-            if len(data) != stop - start:
-                raise ConnectionError(
-                    f"short read: {len(data)} of {stop - start} bytes (connection closed early)"
-                )
-            return data
-
-        try:
-            data = retry_call(
-                attempt, self._retry, what=f"reading {self.name} bytes [{start}, {stop})"
-            )
-        except Exception as exc:
-            error = self._failure(start, stop, exc)
-            raise error from error.__cause__
-        self.requests += 1
-        self.bytes_fetched += len(data)
+        if self._known is not None:
+            at, known = self._known
+            if at <= start and stop <= at + len(known):
+                return memoryview(known)[start - at : stop - at]
+        group = self._group_of(start)
+        if group is not None and group >= self._group and self._reads is not None:
+            if group > self._group:
+                key = (self._reads.piece, group)
+                fetching = self._reads.lane.take(key)
+                self._group = group
+                self._held = fetching or _Fetching(self._obj, self._reads.groups[group])
+            assert self._held is not None
+            data = self._held.read(start, stop)
+            if data is not None:
+                return data
+        at, last = self._last
+        if at <= start and stop <= at + len(last):  # pyarrow's footer, then its last 8 bytes
+            return memoryview(last)[start - at : stop - at]
+        data = self._obj.get(start, stop)
+        if len(data) <= _KEEP_LAST:
+            self._last = (start, data)
         return data
 
-    def _failure(self, start: int, stop: int, exc: Exception) -> DataSourceError:
-        """The error for a range that could not be read, credentials scrubbed, cause kept."""
-        tries = (
-            f"after {self._retry.attempts} attempts (set TDU_RETRY_ATTEMPTS to retry longer)"
-            if is_transient(exc)
-            else "(not retried: the error is not transient)"
-        )
-        text = f"cannot read {self.name} bytes [{start}, {stop}) {tries}: {exc}"
-        error = DataSourceError(self._redact(text))
-        error.__cause__ = exc if self._redact(text) == text else None
-        return error
+    def _group_of(self, offset: int) -> int | None:
+        i = bisect.bisect_right(self._span_starts, offset) - 1
+        if i < 0 or offset >= self._spans[i][1]:
+            return None
+        return self._spans[i][2]

@@ -2,9 +2,9 @@
 
 Local files open as plain files (not memory maps). Every other protocol (``s3://``,
 ``gs://``, ``memory://``, ...) opens as a ``RemoteFile``: ranged GETs of exactly the bytes
-pyarrow needs, coalesced per split with a bounded read-ahead once ``plan_reads`` has told the
-storage the footers and projected columns (see ``_remote``), each retried on transient errors
-(see ``_retry``).
+pyarrow asks for, each retried on transient errors (see ``_retry``), or served from the
+read-ahead of the stream that opens it (see ``_remote``). The storage holds no reading state:
+what to fetch ahead is the stream reader's business (``_stream``).
 
 ``storage_options`` go to fsspec unchanged. Their secret values (keys, secrets, tokens,
 passwords) are scrubbed from every message this module produces.
@@ -13,8 +13,6 @@ passwords) are scrubbed from every message this module produces.
 from __future__ import annotations
 
 import os
-import threading
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -26,7 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ._errors import DataSourceError
 from ._log import log, some_names
-from ._remote import Layout, RemoteFile, parquet_layout
+from ._remote import PieceReads, RemoteFile, RemoteObject
 from ._retry import RetryPolicy, policy_from_env, retry_call
 
 __all__ = ["FileEntry", "Storage", "secret_values"]
@@ -83,12 +81,6 @@ class Storage:
         self.is_local = isinstance(self._fs, LocalFileSystem)
         self.namespace = _namespace(self.fs, options)
         self._sizes: dict[str, int] = {}
-        self._plans: dict[str, tuple[Any, tuple[int, ...]]] = {}
-        self._columns: tuple[str, ...] | None = None
-        self._layouts: dict[str, Layout | None] = {}
-        self._ahead: tuple[str, dict[Any, Any]] | None = None  # the next split, prefetched
-        self._lock = threading.Lock()
-        _LIVE.add(self)
 
     @property
     def fs(self) -> Any:
@@ -98,46 +90,16 @@ class Storage:
             self._after_fork()
         return self._fs
 
-    def _reset_locks(self) -> None:
-        """Fresh lock (a parent thread may have held the old one at fork), no prefetch."""
-        self._lock = threading.Lock()
-        self._ahead = None
-
     def _after_fork(self) -> None:
-        """In a new process, at first use: the filesystem rebuilt from its options. (The lock
-        was already replaced by ``_reset_after_fork``, before anything could take it.)"""
+        """In a new process, at first use: the filesystem rebuilt from its options."""
         rebuild, args = self._fs.__reduce__()[:2]
         self._fs, self._pid = rebuild(*args), os.getpid()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_layouts"] = {}  # derived per process from the plans
-        state["_ahead"] = None
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-        _LIVE.add(self)
 
     def redact(self, message: str) -> str:
         """``message`` with every credential from ``storage_options`` replaced by ``***``."""
         for secret in self._secrets:
             message = message.replace(secret, "***")
         return message
-
-    def plan_reads(
-        self, files: Sequence[tuple[str, Any, Sequence[int]]], columns: Sequence[str] | None
-    ) -> None:
-        """Tell the storage each file's metadata and the units where its splits start.
-
-        ``files`` holds ``(path, FileMetadata, split start units)``. Remote Parquet reads then
-        fetch only the projected column chunks of a split, coalesced, with read-ahead.
-        """
-        self._plans = {path: (meta, tuple(starts)) for path, meta, starts in files}
-        self._columns = None if columns is None else tuple(columns)
-        self._layouts = {}
 
     def display(self, path: str) -> str:
         """The path as users wrote it: plain for local files, ``protocol://`` otherwise."""
@@ -170,71 +132,41 @@ class Storage:
         self._sizes.update((e.path, e.size) for e in entries.values())
         return list(entries.values())
 
-    def open(self, path: str) -> Any:
+    def open(
+        self,
+        path: str,
+        *,
+        reads: PieceReads | None = None,
+        known: tuple[int, bytes] | None = None,
+    ) -> Any:
         """A pyarrow-readable handle: a plain file locally, ``RemoteFile`` otherwise.
 
-        Not a memory map: a file truncated or rewritten under a mapping kills the process with
-        SIGBUS, where a read raises an error that names the file.
+        A remote file serves the bytes of ``reads`` from their read-ahead and ``known``
+        (``(offset, bytes)`` the caller holds) from memory. Not a memory map locally: a file
+        truncated or rewritten under a mapping kills the process with SIGBUS, where a read
+        raises an error that names the file.
         """
         if self.is_local:
             try:
                 return pa.OSFile(path)
             except (OSError, ValueError) as exc:
                 raise DataSourceError(f"cannot open {path}: {exc}") from exc
-        if self._pid != os.getpid():  # first use in a DataLoader worker, before any thread
-            self._after_fork()
-        with self._lock:
-            ahead, self._ahead = self._ahead, None
-        prefetched = ahead[1] if ahead is not None and ahead[0] == path else None
-        if ahead is not None and prefetched is None:
-            for future in ahead[1].values():
-                future.cancel()
-        return self._remote_file(path, prefetched)
+        return RemoteFile(self.remote(path), reads=reads, known=known)
 
-    def _remote_file(self, path: str, prefetched: dict[Any, Any] | None) -> RemoteFile:
+    def remote(self, path: str) -> RemoteObject:
+        """The object at ``path`` for ranged reads (its size from the listing, else asked)."""
+        fs = self.fs  # rebuilt at first use in a DataLoader worker
         name = self.display(path)
         size = self._sizes.get(path)
         if size is None:
-            size = int(self._call(lambda: self.fs.size(path), f"open {name}"))
-        return RemoteFile(
-            lambda start, stop: self.fs.cat_file(path, start=start, end=stop),
+            size = int(self._call(lambda: fs.size(path), f"open {name}"))
+        return RemoteObject(
+            lambda start, stop: fs.cat_file(path, start=start, end=stop),
             size,
             name,
-            layout=self._layout(path),
             retry=self.retry,
             redact=self.redact,
-            prefetched=prefetched,
         )
-
-    def prefetch(self, path: str, unit: int) -> None:
-        """Hint: the split of ``path`` that starts at unit ``unit`` is read next.
-
-        Its first windows are fetched in the background and handed to the next ``open`` of
-        ``path`` (one split ahead at most; a newer hint or another open drops an older one).
-        No-op for local files and files without a planned layout.
-        """
-        if self.is_local or self._layout(path) is None:
-            return
-        futures = self._remote_file(path, None).prefetch(unit)
-        with self._lock:
-            old, self._ahead = self._ahead, (path, futures)
-        if old is not None:
-            for future in old[1].values():
-                future.cancel()
-
-    def _layout(self, path: str) -> Layout | None:
-        """The read layout of ``path`` from its planned footer, computed once per process."""
-        with self._lock:
-            if path in self._layouts:
-                return self._layouts[path]
-        plan = self._plans.get(path)
-        footer = getattr(plan[0], "footer", None) if plan is not None else None
-        layout = None
-        if plan is not None and footer is not None and hasattr(footer, "row_group"):
-            layout = parquet_layout(footer, self._columns, plan[1])
-        with self._lock:
-            self._layouts[path] = layout
-        return layout
 
     def _call(self, fn: Callable[[], T], what: str) -> T:
         """``fn()`` with retries; failures other than a missing path become DataSourceError."""
@@ -277,18 +209,6 @@ class Storage:
         found = self.fs.find(root, detail=True)
         prefix = len(root.rstrip("/")) + 1
         return [_entry(p, found[p]) for p in sorted(found) if not _hidden(p[prefix:])]
-
-
-# Every Storage of the process, so a forked child replaces their locks before any code runs.
-_LIVE: weakref.WeakSet[Storage] = weakref.WeakSet()
-
-
-def _reset_after_fork() -> None:
-    for storage in list(_LIVE):
-        storage._reset_locks()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def secret_values(options: Mapping[str, Any]) -> tuple[str, ...]:

@@ -25,9 +25,10 @@ import pyarrow.types as pat
 
 from ._errors import DataSourceError
 from ._formats import FileFormat
-from ._index import DatasetIndex
+from ._index import DatasetIndex, IndexedFile
 from ._interleave import counts_at, mixing_order
 from ._plan import Pieces
+from ._remote import WINDOW, Group, Key, PieceReads, ReadAhead, RemoteObject, plan_groups
 from ._storage import Storage
 
 __all__ = ["Position", "Run", "StreamSource", "prefetch", "read_stream", "stream_chunks"]
@@ -46,6 +47,8 @@ _MAX_READ_ROWS = 65_536
 # the memory budget. Small enough that the window's decoded chunks stay hot in memory: 32
 # pieces decoding 65,536 rows each ran 3x slower than one piece (page faults).
 _MAX_MIX_ROWS = 16_384
+# Bytes a mixed window's piece fetches at a time, at least (one GET per group).
+_MIN_LANE_BYTES = 2**20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +81,11 @@ class StreamSource:
         """Rows per decoded chunk of a piece read in order."""
         rows = int(np.clip(_READ_BYTES // self.index.row_bytes(), _MIN_CHUNK_ROWS, _MAX_READ_ROWS))
         return max(batch_size, rows)
+
+    def lane_bytes(self) -> int:
+        """Bytes each piece of a mixed window fetches at a time (twice that in flight), so
+        the window's read-ahead stays within the memory budget."""
+        return int(np.clip(self.memory_bytes // (2 * self.window), _MIN_LANE_BYTES, WINDOW))
 
     def mix_rows(self) -> int:
         """Rows per decoded chunk of a mixed window, so ``window`` of them fit the budget."""
@@ -126,39 +134,124 @@ def _chunks(
 ) -> Iterator[tuple[pa.RecordBatch, int]]:
     """Decoded chunks of the stream from ``start``, each with the position after its last row."""
     pieces, window = source.pieces, source.window
+    first_piece = int(np.searchsorted(pieces.ends, start, side="right"))
+    skip = start - int(pieces.ends[first_piece - 1]) if first_piece else start
+    opener = _Opener(source, first_piece, skip)
     begin = 0
-    for first in range(0, len(pieces), window):
-        part = pieces.take(slice(first, first + window))
-        rows = int(part.rows.sum())
-        if start < begin + rows:
-            offset = max(0, start - begin)
-            if len(part) == 1:
-                chunks = _piece_chunks(source, part, 0, offset, read_rows)
-                if first + 1 < len(pieces):  # object stores: fetch the next piece meanwhile
-                    source.storage.prefetch(*_first_unit(source, pieces, first + 1))
-            else:
-                chunks = _mixed_chunks(source, part, offset)
-            for chunk, done in chunks:
-                yield chunk, begin + done
-        begin += rows
+    try:
+        for first in range(0, len(pieces), window):
+            part = pieces.take(slice(first, first + window))
+            rows = int(part.rows.sum())
+            if start < begin + rows:
+                offset = max(0, start - begin)
+                if len(part) == 1:
+                    read = _piece_read(source, pieces, first, offset)
+                    chunks = _piece_chunks(source, read, opener.open(read), read_rows)
+                else:
+                    chunks = _mixed_chunks(source, opener, first, part, offset)
+                for chunk, done in chunks:
+                    yield chunk, begin + done
+            begin += rows
+    finally:
+        opener.close()
 
 
-def _piece_chunks(
-    source: StreamSource, pieces: Pieces, number: int, skip: int, read_rows: int
-) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """Rows of piece ``number`` after its first ``skip``, with the piece's rows read so far."""
-    index = source.index
+@dataclass(frozen=True)
+class _PieceRead:
+    """What piece ``number`` of the stream reads: ``units`` of ``file``, of whose rows it skips
+    ``leading`` and then yields rows ``[done, want)`` of the piece (``done``: rows skipped)."""
+
+    number: int
+    split: int
+    file: IndexedFile
+    units: range
+    leading: int
+    done: int
+    want: int
+
+
+def _piece_read(source: StreamSource, pieces: Pieces, number: int, skip: int) -> _PieceRead:
+    """The read of piece ``number`` after its first ``skip`` rows."""
     split_id = int(pieces.splits[number])
-    split = index.splits[split_id]
-    file = index.files[split.file]
+    split = source.index.splits[split_id]
+    file = source.index.files[split.file]
     lo, hi = int(pieces.lo[number]) + skip, int(pieces.hi[number])
     units, leading = _units_for(
         file.metadata.unit_rows, split.units, split.row_offset + lo, split.row_offset + hi
     )
-    done, want = skip, hi - lo + skip
+    return _PieceRead(number, split_id, file, units, leading, skip, hi - lo + skip)
+
+
+class _Opener:
+    """Opens one stream's pieces; on object stores, fetches the bytes they read ahead of them.
+
+    Read one piece at a time, the stream has one read-ahead lane over all its pieces from where
+    it starts, so the next piece's first bytes travel while this one decodes. Each piece of a
+    mixed window has a lane of its own, sized so the window's lanes fit the memory budget. A lane
+    fetches exactly the byte groups its pieces read (``FileFormat.unit_spans``), nothing more.
+    """
+
+    def __init__(self, source: StreamSource, first: int, skip: int) -> None:
+        self._source = source
+        self._remote = not source.storage.is_local
+        self._lane = None
+        self._planned_groups: dict[int, tuple[Group, ...]] = {}  # by piece, planned not opened
+        if self._remote and source.window == 1:
+            self._lane = ReadAhead(self._planned(first, skip))
+
+    def open(self, read: _PieceRead, lane_bytes: int | None = None) -> Any:
+        """A handle on ``read``'s file whose planned bytes come from a lane; with
+        ``lane_bytes``, from a lane of its own of that many bytes."""
+        storage, file = self._source.storage, read.file
+        if not self._remote:
+            return storage.open(file.path)
+        if self._lane is not None and lane_bytes is None:
+            for number in [n for n in self._planned_groups if n < read.number]:
+                del self._planned_groups[number]  # planned after their piece was opened
+            groups = self._planned_groups.pop(read.number, None)
+            if groups is None:
+                groups = self._groups(read, None)
+            reads = PieceReads(self._lane, read.number, groups)
+        else:
+            groups = self._groups(read, lane_bytes)
+            obj = storage.remote(file.path)
+            lane = ReadAhead((((0, g), obj, group) for g, group in enumerate(groups)), lane_bytes)
+            reads = PieceReads(lane, 0, groups, owned=True)
+        known = self._source.fmt.known_bytes(file.metadata)
+        return storage.open(file.path, reads=reads, known=known)
+
+    def close(self) -> None:
+        """Cancel every fetch of the stream's lane not yet read."""
+        if self._lane is not None:
+            self._lane.close()
+
+    def _planned(self, first: int, skip: int) -> Iterator[tuple[Key, RemoteObject, Group]]:
+        """The groups of pieces ``first, first + 1, ...`` in reading order (a lazy plan)."""
+        pieces = self._source.pieces
+        for number in range(first, len(pieces)):
+            read = _piece_read(self._source, pieces, number, skip if number == first else 0)
+            groups = self._planned_groups[number] = self._groups(read, None)
+            if groups:
+                obj = self._source.storage.remote(read.file.path)
+                yield from (((number, g), obj, group) for g, group in enumerate(groups))
+
+    def _groups(self, read: _PieceRead, window: int | None) -> tuple[Group, ...]:
+        source = self._source
+        spans = source.fmt.unit_spans(read.file.metadata, read.units, source.columns)
+        return () if spans is None else tuple(plan_groups(spans, window))
+
+
+def _piece_chunks(
+    source: StreamSource, read: _PieceRead, handle: Any, read_rows: int
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """Rows of ``read`` from ``handle``, with the piece's rows read so far (closes ``handle``)."""
+    index, file = source.index, read.file
+    leading, done, want = read.leading, read.done, read.want
     try:
-        with source.storage.open(file.path) as handle:
-            reads = source.fmt.read_units(handle, file.metadata, units, source.columns, read_rows)
+        with handle:
+            reads = source.fmt.read_units(
+                handle, file.metadata, read.units, source.columns, read_rows
+            )
             for chunk in reads:
                 if leading:
                     cut = min(leading, chunk.num_rows)
@@ -171,14 +264,16 @@ def _piece_chunks(
                     break
     except (OSError, pa.ArrowException) as exc:
         raise DataSourceError(
-            f"cannot read split {index.describe(split_id)} (fingerprint {file.fingerprint}): "
+            f"cannot read split {index.describe(read.split)} (fingerprint {file.fingerprint}): "
             f"{exc}. If the file changed since the dataset was built, build it again; a "
             f"checkpoint of the old content will not load."
         ) from exc
     if done != want:
+        skip = read.done
+        lo = int(source.pieces.lo[read.number]) + skip
         raise DataSourceError(
-            f"split {index.describe(split_id)} yielded {done - skip} of {want - skip} rows from "
-            f"row {lo}: the file changed while reading"
+            f"split {index.describe(read.split)} yielded {done - skip} of {want - skip} rows "
+            f"from row {lo}: the file changed while reading"
         )
 
 
@@ -205,9 +300,11 @@ class _PieceReader:
 
 
 def _mixed_chunks(
-    source: StreamSource, pieces: Pieces, start: int
+    source: StreamSource, opener: _Opener, first: int, pieces: Pieces, start: int
 ) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """The window's rows in mixing order from its row ``start``, with the rows done after each."""
+    """The window's rows in mixing order from its row ``start``, with the rows done after each.
+
+    ``pieces`` are the stream's pieces ``first, first + 1, ...``."""
     rows = pieces.rows
     total = int(rows.sum())
     step = source.mix_rows()
@@ -215,8 +312,11 @@ def _mixed_chunks(
     schema = source.index.schema
     with ExitStack() as stack:
         readers = []
+        lane_bytes = source.lane_bytes()
         for number in range(len(pieces)):
-            reader = _PieceReader(_piece_chunks(source, pieces, number, int(counts[number]), step))
+            read = _piece_read(source, source.pieces, first + number, int(counts[number]))
+            handle = opener.open(read, lane_bytes)
+            reader = _PieceReader(_piece_chunks(source, read, handle, step))
             stack.callback(reader.close)
             readers.append(reader)
         done = start
@@ -255,14 +355,6 @@ def _units_for(unit_rows: tuple[int, ...], units: range, first: int, end: int) -
     unit = max(bisect.bisect_right(bounds, first) - 1, units.start)
     stop = min(bisect.bisect_left(bounds, end), units.stop)
     return range(unit, max(stop, unit + 1)), first - bounds[unit]
-
-
-def _first_unit(source: StreamSource, pieces: Pieces, number: int) -> tuple[str, int]:
-    """The file and first unit piece ``number`` reads."""
-    split = source.index.splits[int(pieces.splits[number])]
-    file = source.index.files[split.file]
-    row = split.row_offset + int(pieces.lo[number])
-    return file.path, _units_for(file.metadata.unit_rows, split.units, row, row + 1)[0].start
 
 
 @dataclass

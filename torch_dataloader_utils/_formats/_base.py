@@ -1,4 +1,5 @@
-"""The interface one file format implements: read footer metadata, read a range of units.
+"""The interface one file format implements: read footer metadata, describe where units lie,
+read a range of units.
 
 A *unit* is the smallest independently readable piece of a file: a Parquet row group or an
 Arrow IPC record batch. Splits are cut on unit boundaries.
@@ -13,7 +14,9 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-__all__ = ["FileFormat", "FileMetadata", "read_at"]
+__all__ = ["FileFormat", "FileMetadata", "Span", "joined", "read_at"]
+
+Span = tuple[int, int]  # [start, stop) byte offsets in a file
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,18 @@ class FileFormat(ABC):
         """The footer :meth:`dump_footer` wrote; ``None`` for formats that keep none."""
         return None
 
+    def unit_spans(
+        self, metadata: FileMetadata, units: range, columns: Sequence[str] | None
+    ) -> list[tuple[Span, ...]] | None:
+        """The byte spans (sorted, disjoint) that reading each unit of ``units`` with ``columns``
+        touches, so a reader can fetch them ahead; ``None`` when the footer does not say."""
+        return None
+
+    def known_bytes(self, metadata: FileMetadata) -> tuple[int, bytes] | None:
+        """``(offset, bytes)`` of the file that :meth:`read_units` reads and the index already
+        holds (a footer), so no split fetches them again; ``None`` if there are none."""
+        return None
+
     @abstractmethod
     def read_units(
         self,
@@ -79,3 +94,14 @@ def read_at(source: Any, offset: int, length: int) -> bytes:
     if len(data) != length:
         raise ValueError(f"file ends before byte {offset + length} (expected {length} bytes)")
     return bytes(data)
+
+
+def joined(spans: Sequence[Span]) -> tuple[Span, ...]:
+    """``spans`` sorted, with touching or overlapping ones joined."""
+    out: list[Span] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return tuple(out)

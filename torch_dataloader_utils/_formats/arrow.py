@@ -1,20 +1,23 @@
 """Arrow IPC file format (Feather v2): units are record batches.
 
-The IPC footer locates batches but not their row counts, so indexing reads each batch's
-message header (not its body, and nothing is decoded; see ``_ipc_footer``). Unit sizes are
-the batches' bytes on storage (header + body), like Parquet's compressed sizes.
+The IPC footer locates batches but not their row counts, so indexing reads the footer and each
+batch's message header (not its body, and nothing is decoded; see ``_ipc_footer``). The index
+keeps them: a split never reads the footer again, and a reader fetches of each batch only its
+header and the body buffers of the projected columns. Unit sizes are the batches' bytes on
+storage (header + body), like Parquet's compressed sizes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc
 
-from ._base import FileFormat, FileMetadata, read_at
-from ._ipc_footer import record_batches
+from ._base import FileFormat, FileMetadata, Span, joined, read_at
+from ._ipc_footer import IpcFooter, buffer_counts, read_footer
 
 __all__ = ["ArrowFormat"]
 
@@ -25,18 +28,61 @@ class ArrowFormat(FileFormat):
     decodes_into_new_memory = False
 
     def read_metadata(self, source: Any) -> FileMetadata:
-        reader = pyarrow.ipc.open_file(source)
-        batches = record_batches(lambda at, n: read_at(source, at, n), source.size())
-        if len(batches) != reader.num_record_batches:
+        footer = read_footer(lambda at, n: read_at(source, at, n), source.size())
+        reader = pyarrow.ipc.open_file(pa.BufferReader(footer.as_file()))
+        units = footer.units()
+        if len(units) != reader.num_record_batches:
             raise ValueError(
-                f"its footer lists {len(batches)} record batches where pyarrow finds "
+                f"its footer lists {len(units)} record batches where pyarrow finds "
                 f"{reader.num_record_batches}"
             )
         return FileMetadata(
             schema=reader.schema,
-            unit_rows=tuple(rows for rows, _ in batches),
-            unit_bytes=tuple(size for _, size in batches),
+            unit_rows=tuple(rows for rows, _ in units),
+            unit_bytes=tuple(size for _, size in units),
+            footer=footer,
         )
+
+    def dump_footer(self, footer: Any) -> bytes:
+        return b"" if footer is None else bytes(footer.dump())
+
+    def load_footer(self, data: bytes) -> Any:
+        return IpcFooter.load(data) if data else None
+
+    def unit_spans(
+        self, metadata: FileMetadata, units: range, columns: Sequence[str] | None
+    ) -> list[tuple[Span, ...]] | None:
+        """Each batch's header, and the body buffers of the projected columns (the whole body
+        when the columns' buffers cannot be told apart); the first also the dictionary batches,
+        which pyarrow reads whole when it opens the file."""
+        footer = metadata.footer
+        if not isinstance(footer, IpcFooter):
+            return None
+        counts = None if columns is None else _buffer_counts(metadata.schema)
+        fields = None if columns is None else _field_indices(metadata.schema, columns)
+        spans: list[tuple[Span, ...]] = []
+        for unit in units:
+            block = footer.blocks[unit]
+            body = block.offset + block.header
+            header = (block.offset, body)
+            extra = list(footer.dictionaries) if unit == units.start else []
+            buffers = block.buffers
+            if fields is None or counts is None or buffers is None or len(buffers) != sum(counts):
+                spans.append(joined([*extra, (block.offset, body + block.body)]))
+                continue
+            starts = [sum(counts[:i]) for i in range(len(counts) + 1)]
+            chosen = [
+                (body + offset, body + offset + length)
+                for i in fields
+                for offset, length in buffers[starts[i] : starts[i + 1]]
+                if length
+            ]
+            spans.append(joined([*extra, header, *chosen]))
+        return spans
+
+    def known_bytes(self, metadata: FileMetadata) -> tuple[int, bytes] | None:
+        footer = metadata.footer
+        return (footer.offset, footer.tail) if isinstance(footer, IpcFooter) else None
 
     def read_units(
         self,
@@ -46,7 +92,11 @@ class ArrowFormat(FileFormat):
         columns: Sequence[str] | None,
         batch_rows: int,
     ) -> Iterator[pa.RecordBatch]:
-        reader = pyarrow.ipc.open_file(source)
+        options = None
+        if columns is not None:
+            fields = _field_indices(metadata.schema, columns)
+            options = pyarrow.ipc.IpcReadOptions(included_fields=sorted(set(fields)))
+        reader = pyarrow.ipc.open_file(source, options=options)
         for unit in units:
             batch = reader.get_batch(unit)
             if columns is not None:
@@ -56,3 +106,23 @@ class ArrowFormat(FileFormat):
             batch.validate(full=True)
             for start in range(0, batch.num_rows, batch_rows):
                 yield batch.slice(start, batch_rows)
+
+
+def _field_indices(schema: pa.Schema, columns: Sequence[str]) -> list[int]:
+    return [schema.get_field_index(name) for name in columns]
+
+
+@lru_cache(maxsize=64)
+def _buffer_counts(schema: pa.Schema) -> tuple[int, ...] | None:
+    """Body buffers each top-level field takes, from empty batches of it; ``None`` if unknown."""
+    try:
+        messages = [
+            pa.RecordBatch.from_arrays([pa.array([], f.type)], schema=pa.schema([f]))
+            .serialize()
+            .to_pybytes()
+            for f in schema
+        ]
+    except (pa.ArrowException, TypeError, ValueError):
+        return None
+    counts = buffer_counts(messages)
+    return None if counts is None else tuple(counts)

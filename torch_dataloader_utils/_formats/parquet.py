@@ -9,13 +9,14 @@ footers are refused by pyarrow itself with an ``OSError``.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._base import FileFormat, FileMetadata, read_at
+from ._base import FileFormat, FileMetadata, Span, joined, read_at
 
 __all__ = ["ParquetFormat"]
 
@@ -49,6 +50,29 @@ class ParquetFormat(FileFormat):
     def load_footer(self, data: bytes) -> Any:
         return pq.read_metadata(pa.BufferReader(data))
 
+    def unit_spans(
+        self, metadata: FileMetadata, units: range, columns: Sequence[str] | None
+    ) -> list[tuple[Span, ...]] | None:
+        """Each row group's projected column chunks (dictionary page included)."""
+        footer = metadata.footer
+        if footer is None:
+            return None
+        wanted = None if columns is None else set(columns)
+        spans = []
+        for r in units:
+            group = footer.row_group(r)
+            chunks = []
+            for c in range(group.num_columns):
+                col = group.column(c)
+                if wanted is not None and col.path_in_schema.split(".")[0] not in wanted:
+                    continue
+                start = col.data_page_offset
+                if col.has_dictionary_page and 0 < col.dictionary_page_offset < start:
+                    start = col.dictionary_page_offset
+                chunks.append((start, start + col.total_compressed_size))
+            spans.append(joined(chunks))
+        return spans
+
     def read_units(
         self,
         source: Any,
@@ -57,7 +81,11 @@ class ParquetFormat(FileFormat):
         columns: Sequence[str] | None,
         batch_rows: int,
     ) -> Iterator[pa.RecordBatch]:
-        reader = pq.ParquetFile(source, metadata=metadata.footer)
+        # A Python file (``RemoteFile``) fetches the spans of ``unit_spans`` ahead itself;
+        # pyarrow's pre-buffering would coalesce them across holes into reads it cannot serve.
+        reader = pq.ParquetFile(
+            source, metadata=metadata.footer, pre_buffer=not isinstance(source, io.IOBase)
+        )
         yield from reader.iter_batches(
             batch_size=batch_rows,
             row_groups=list(units),
