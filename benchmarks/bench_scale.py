@@ -38,6 +38,7 @@ import sys
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
@@ -152,7 +153,7 @@ class Rank:
     ranks: int
     workers: int
 
-    @property
+    @cached_property
     def epochs(self) -> Epochs:
         config = DatasetConfig(shuffle=True, split_bytes=1, batch_size=1024)
         return Epochs(
@@ -169,7 +170,7 @@ def _cold(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` after forgetting any permutation cached by an earlier call."""
 
     def call() -> Any:
-        getattr(epoch_order, "cache_clear", lambda: None)()
+        epoch_order.cache_clear()
         return fn()
 
     return call
