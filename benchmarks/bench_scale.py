@@ -312,6 +312,9 @@ def run_index(
             f"does not grow with ranks)"
         )
         figures["rank_ratios"] = ratios
+    largest = max(r["state_pickle_bytes"] for r in ranks)
+    ok = "meets" if largest <= TARGET_STATE_BYTES else "MISSES"
+    print(f"  largest state {largest:,} B pickled ({ok} target ≤ 64 KiB)")
     del index
     gc.collect()
     return {**figures, "ranks": ranks}
