@@ -26,7 +26,9 @@ __all__ = [
     "machine_note",
     "paired",
     "parquet_files",
+    "per_call",
     "plot_bars",
+    "rss_bytes",
     "summary",
     "timed",
 ]
@@ -138,6 +140,27 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     result = fn()
     return time.perf_counter() - start, result
+
+
+def per_call(fn: Callable[[], Any], calls: int) -> float:
+    """Median seconds of ``calls`` calls of ``fn`` (for sub-millisecond calls such as
+    ``state_dict()``), after one untimed call that fills any cache."""
+    fn()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux ``/proc``; 0 where it is unavailable)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:

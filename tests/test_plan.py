@@ -10,6 +10,8 @@ the last ``N % world_size`` rows, fewer than ``S``, are left out.
 from __future__ import annotations
 
 import itertools
+import tracemalloc
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -191,6 +193,15 @@ def test_epoch_order_is_pinned():
     assert epoch_order(10, 7, 3, True).tolist() == [3, 5, 7, 2, 0, 6, 9, 8, 4, 1]
 
 
+def test_epoch_order_is_computed_once_and_read_only():
+    """``len``, the main process and every worker ask for it: the last one is kept."""
+    first = epoch_order(1000, 3, 1, True)
+    assert epoch_order(1000, 3, 1, True) is first
+    with pytest.raises(ValueError, match="read-only"):
+        first[0] = 1
+    assert not np.array_equal(epoch_order(1000, 3, 2, True), first)
+
+
 # ---------------------------------------------------------------------------- pieces
 
 
@@ -366,6 +377,41 @@ def test_deal_is_balanced_and_lossless(epoch, world_size, num_workers, even):
     remaining = everything - _rows_of_consumed(base, split_rows)
     assert len(set(dealt + left_out)) == len(dealt + left_out)
     assert set(dealt + left_out) == remaining
+
+
+def _peak_bytes(fn: Callable[[], object]) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_one_rank_of_a_large_deal_costs_its_own_share():
+    """4,096 ranks x 16 workers over 1,000,000 splits: a stream's share, a rank's shares and
+    the left-out rows allocate for their own pieces, not for every split or every stream."""
+    splits = 1_000_000
+    rows = np.arange(splits, dtype=np.int64) % 7 + 100
+    sequence = Pieces(np.arange(splits, dtype=np.int64), np.zeros(splits, np.int64), rows)
+    _ = sequence.ends  # the cumulative rows: the one O(splits) array, computed once
+    dealt = deal(sequence, world_size=4096, num_workers=16, even=True)
+    stream = 2048 * 16 + 5  # worker 5 of rank 2048
+    per_rank = int(rows.sum()) // 4096
+    quota, extra = divmod(per_rank, 16)
+    start = 2048 * per_rank + 5 * quota + min(5, extra)
+    share = dealt.share(stream)
+    assert share.total == quota + (extra > 5)
+    expected = sequence.rows_range(start, start + share.total)
+    assert all(
+        np.array_equal(getattr(share, f), getattr(expected, f)) for f in ("splits", "lo", "hi")
+    )
+    assert dealt.shares_of(2048 * 16, 16).tolist() == dealt.shares[2048 * 16 : 2049 * 16].tolist()
+    own = 64 * len(share) + 4096  # a few arrays of the share's pieces
+    assert _peak_bytes(lambda: dealt.share(stream)) < own
+    assert _peak_bytes(lambda: dealt.shares_of(2048 * 16, 16)) < 4096
+    assert _peak_bytes(dealt.left_out) < 4096
+    assert _peak_bytes(lambda: deal(sequence, world_size=4096, num_workers=16, even=False)) < 4096
 
 
 def test_deal_examples():

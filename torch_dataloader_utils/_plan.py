@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -41,9 +41,12 @@ IntArray = npt.NDArray[np.int64]
 Intervals = tuple[tuple[int, int], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Split:
-    """Rows ``[row_offset, row_offset + row_length)`` of file ``file``: its units ``units``."""
+    """Rows ``[row_offset, row_offset + row_length)`` of file ``file``: its units ``units``.
+
+    Every rank holds one per split of the dataset, so it has slots (no ``__dict__``).
+    """
 
     file: int
     units: range
@@ -92,16 +95,25 @@ class Pieces:
         return ends
 
     def rows_range(self, start: int, stop: int) -> Pieces:
-        """The pieces cut to rows ``[start, stop)`` of their concatenation."""
+        """The pieces cut to rows ``[start, stop)`` of their concatenation.
+
+        Costs two binary searches and the pieces in the range, not the whole sequence.
+        """
         ends = self.ends
-        begins = ends - self.rows
         first = int(np.searchsorted(ends, start, side="right"))
-        last = int(np.searchsorted(begins, stop, side="left"))
+        # the piece holding row ``stop - 1`` is the last; a piece past it would come out empty
+        last = min(len(self), int(np.searchsorted(ends, stop, side="left")) + 1)
         part = self.take(slice(first, last))
-        lo = part.lo + np.maximum(0, start - begins[first:last])
-        hi = part.hi - np.maximum(0, ends[first:last] - stop)
+        part_ends = ends[first:last]
+        lo = part.lo + np.maximum(0, start - (part_ends - part.rows))
+        hi = part.hi - np.maximum(0, part_ends - stop)
         keep = hi > lo
         return Pieces(part.splits[keep], lo[keep], hi[keep])
+
+    @property
+    def total(self) -> int:
+        """Rows of the concatenation."""
+        return int(self.ends[-1]) if len(self) else 0
 
 
 @dataclass(frozen=True)
@@ -119,31 +131,47 @@ class Consumed:
         return not (self.done.any() or self.partial)
 
     def plus(self, pieces: Pieces, split_rows: IntArray) -> Consumed:
-        """This plus the rows of ``pieces``; a split whose rows are all covered becomes done."""
+        """This plus the rows of ``pieces``; a split whose rows are all covered becomes done.
+
+        Whole splits are set in the bitmap at once, and a piece that is the only news of a
+        split with no rows yet is its interval as it stands; only the rest are merged.
+        """
         done = self.done.copy()
-        whole = (pieces.lo == 0) & (pieces.hi == split_rows[pieces.splits])
-        fresh = whole & ~np.isin(pieces.splits, list(self.partial))
+        known = np.isin(pieces.splits, list(self.partial))
+        fresh = ~known & (pieces.lo == 0) & (pieces.hi == split_rows[pieces.splits])
         done[pieces.splits[fresh]] = True
-        ranges: dict[int, list[tuple[int, int]]] = {
-            s: list(v) for s, v in self.partial.items() if not done[s]
-        }
-        rest = np.flatnonzero(~fresh)
+        partial = {s: v for s, v in self.partial.items() if not done[s]}
+        rest = np.flatnonzero(~fresh & (pieces.hi > pieces.lo))
+        rest = rest[~done[pieces.splits[rest]]]
+        splits = pieces.splits[rest]
+        once = np.isin(splits, _repeated(splits), invert=True) & ~known[rest]
+        lo, hi = pieces.lo[rest[once]].tolist(), pieces.hi[rest[once]].tolist()
+        partial.update(
+            (s, ((a, b),)) for s, a, b in zip(splits[once].tolist(), lo, hi, strict=True)
+        )
+        self._merge_into(partial, done, pieces.take(rest[~once]), split_rows)
+        return Consumed(done, partial)
+
+    @staticmethod
+    def _merge_into(
+        partial: dict[int, Intervals],
+        done: npt.NDArray[np.bool_],
+        pieces: Pieces,
+        split_rows: IntArray,
+    ) -> None:
+        """Merge ``pieces`` into ``partial``; splits they complete move to ``done``."""
+        ranges: dict[int, list[tuple[int, int]]] = {}
         for s, lo, hi in zip(
-            pieces.splits[rest].tolist(), pieces.lo[rest].tolist(), pieces.hi[rest].tolist(),
-            strict=True,
-        ):  # fmt: skip
-            if not done[s]:
-                ranges.setdefault(s, []).append((lo, hi))
-        partial: dict[int, Intervals] = {}
+            pieces.splits.tolist(), pieces.lo.tolist(), pieces.hi.tolist(), strict=True
+        ):
+            ranges.setdefault(s, list(partial.get(s, ()))).append((lo, hi))
         for s, items in ranges.items():
             merged = merge_intervals(items)
-            if not merged:
-                continue
             if merged == ((0, int(split_rows[s])),):
                 done[s] = True
+                partial.pop(s, None)
             else:
                 partial[s] = merged
-        return Consumed(done, partial)
 
     def union(self, other: Consumed, split_rows: IntArray) -> Consumed:
         pieces = _partial_pieces(other.partial)
@@ -159,6 +187,13 @@ def merge_intervals(items: Iterable[tuple[int, int]]) -> Intervals:
         else:
             merged.append([lo, hi])
     return tuple((lo, hi) for lo, hi in merged)
+
+
+def _repeated(values: IntArray) -> IntArray:
+    """The values that occur more than once."""
+    unique, counts = np.unique(values, return_counts=True)
+    repeated: IntArray = unique[counts > 1]
+    return repeated
 
 
 def _partial_pieces(partial: Mapping[int, Intervals]) -> Pieces:
@@ -192,17 +227,22 @@ def _split(file: int, first: int, end: int, rows: Sequence[int], offset: int) ->
     return Split(file, range(first, end), offset, sum(rows[first:end]))
 
 
+@lru_cache(maxsize=1)
 def epoch_order(num_splits: int, seed: int, epoch: int, shuffle: bool) -> IntArray:
     """The epoch's split order: identity, or a permutation keyed by ``(seed, epoch)``.
 
     The permutation sorts splits by a splitmix64 hash of their index, so it is the same on every
-    platform and numpy version.
+    platform and numpy version. It is the one O(splits log splits) step of a rank's plan, asked
+    for by ``len``, the main process and each worker in turn, so the last one is kept
+    (read-only; forked workers inherit it).
     """
     index = np.arange(num_splits, dtype=np.int64)
-    if not shuffle:
-        return index
-    key = np.uint64(xxhash.xxh64_intdigest(f"{seed}:{epoch}".encode()))
-    return np.argsort(_splitmix64(index.astype(np.uint64) + key), kind="stable").astype(np.int64)
+    if shuffle:
+        key = np.uint64(xxhash.xxh64_intdigest(f"{seed}:{epoch}".encode()))
+        index = np.argsort(_splitmix64(index.astype(np.uint64) + key), kind="stable")
+        index = index.astype(np.int64, copy=False)
+    index.flags.writeable = False
+    return index
 
 
 def _splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -235,48 +275,66 @@ def _gaps(ranges: Intervals, length: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class Deal:
-    """The epoch's sequence cut into stream shares: stream ``g`` reads rows ``bounds[g:g+2]``.
+    """The epoch's sequence cut into stream shares: stream ``g`` reads rows ``[start(g),
+    start(g + 1))``, a closed form of the sequence's length, so one stream's share costs its
+    own pieces, whatever the number of streams.
 
-    Rows from ``bounds[-1]`` to the end of the sequence are left out (``even`` dealing only).
+    Rows from ``start(streams)`` to the end of the sequence are left out (``even`` only).
     """
 
     sequence: Pieces
-    bounds: IntArray
+    world_size: int
+    num_workers: int
+    even: bool
+
+    @property
+    def streams(self) -> int:
+        return self.world_size * self.num_workers
+
+    def start(self, streams: IntArray) -> IntArray:
+        """The first row of each stream in ``streams`` (``streams`` itself: the end)."""
+        total, workers = self.sequence.total, self.num_workers
+        if self.even:
+            per_rank = total // self.world_size
+            quota, extra = divmod(per_rank, workers)
+            rank, worker = np.divmod(streams, workers)
+            starts: IntArray = rank * per_rank + worker * quota + np.minimum(worker, extra)
+            return starts
+        quota, extra = divmod(total, self.streams)
+        starts = streams * quota + np.minimum(streams, extra)
+        return starts
 
     def share(self, stream: int) -> Pieces:
-        return self.sequence.rows_range(int(self.bounds[stream]), int(self.bounds[stream + 1]))
+        start, stop = self.start(np.array([stream, stream + 1], dtype=np.int64)).tolist()
+        return self.sequence.rows_range(start, stop)
 
     def left_out(self) -> Pieces:
-        return self.sequence.rows_range(int(self.bounds[-1]), int(self.sequence.rows.sum()))
+        end = int(self.start(np.array([self.streams], dtype=np.int64))[0])
+        return self.sequence.rows_range(end, self.sequence.total)
+
+    def shares_of(self, first: int, count: int) -> IntArray:
+        """Rows of streams ``first .. first + count - 1``."""
+        return np.diff(self.start(np.arange(first, first + count + 1, dtype=np.int64)))
+
+    @property
+    def bounds(self) -> IntArray:
+        """The first row of every stream, then the end of the dealt rows (O(streams))."""
+        return self.start(np.arange(self.streams + 1, dtype=np.int64))
 
     @property
     def shares(self) -> IntArray:
-        """Rows of every stream, in stream order."""
+        """Rows of every stream, in stream order (O(streams))."""
         return np.diff(self.bounds)
 
 
 def deal(sequence: Pieces, *, world_size: int, num_workers: int, even: bool) -> Deal:
     """Contiguous shares of ``sequence`` for ``world_size * num_workers`` streams.
 
-    Shares differ by at most one row. With ``even`` every rank gets ``N // world_size`` rows,
-    shared by its workers in the same pattern on every rank, so every rank yields the same
-    number of batches; the last ``N % world_size`` rows are left out.
+    Shares differ by at most one row, the larger ones first. With ``even`` every rank gets
+    ``N // world_size`` rows, shared by its workers in the same pattern on every rank, so every
+    rank yields the same number of batches; the last ``N % world_size`` rows are left out.
     """
-    total = int(sequence.rows.sum())
-    if even:
-        per_rank = total // world_size
-        sizes = np.tile(_spread(per_rank, num_workers), world_size)
-    else:
-        sizes = _spread(total, world_size * num_workers)
-    return Deal(sequence, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
-
-
-def _spread(rows: int, parts: int) -> IntArray:
-    """``rows`` in ``parts`` shares that differ by at most one, the larger ones first."""
-    quota, extra = divmod(rows, parts)
-    sizes = np.full(parts, quota, dtype=np.int64)
-    sizes[:extra] += 1
-    return sizes
+    return Deal(sequence, world_size=world_size, num_workers=num_workers, even=even)
 
 
 @dataclass(frozen=True)
@@ -318,5 +376,4 @@ class EpochPlan:
 
     def rank_shares(self, rank: int) -> IntArray:
         """Rows each worker stream of ``rank`` reads."""
-        first = rank * self.num_workers
-        return self.deal.shares[first : first + self.num_workers]
+        return self.deal.shares_of(rank * self.num_workers, self.num_workers)
