@@ -100,7 +100,15 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         World(self._rank, self._world_size)  # validates the pair
         first = path if isinstance(path, str) else next(iter(path), "")
         self._storage = Storage(first, storage_options)
-        index = build_index(self._storage, self._format, path, config.columns, split_bytes)
+        index = build_index(
+            self._storage,
+            self._format,
+            path,
+            config.columns,
+            split_bytes,
+            rank=self._rank,
+            world_size=self._world_size,
+        )
         config.check_window(len(index.splits))
         warm_up(index.schema, config.output)
         self._epochs = Epochs(
