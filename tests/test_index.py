@@ -153,9 +153,12 @@ def test_file_groups_are_bounded(tmp_path: Path):
 def test_index_pickles_for_workers(tmp_path: Path):
     import pickle
 
-    write_dataset(tmp_path, [30], row_group_size=10)
+    write_dataset(tmp_path, [30, 20, 10], row_group_size=10)
     index = _index(tmp_path, split_bytes=1)
+    # Equal schemas are one object, pickled once (not once per file).
+    assert len({id(f.metadata.schema) for f in index.files}) == 1
     again = pickle.loads(pickle.dumps(index))
+    assert len({id(f.metadata.schema) for f in again.files}) == 1
     assert again.digest == index.digest
     assert again.splits == index.splits
     assert isinstance(again.schema, pa.Schema)
