@@ -9,11 +9,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from _data import rows_table, write_arrow, write_dataset, write_parquet
+from hypothesis import given
+from hypothesis import strategies as st
 
 from torch_dataloader_utils import SchemaMismatchError
 from torch_dataloader_utils._footers import TAIL, TailFile
 from torch_dataloader_utils._formats import get_format
-from torch_dataloader_utils._index import MAX_FILE_GROUPS, build_index
+from torch_dataloader_utils._index import MAX_FILE_GROUPS, _root, build_index
 from torch_dataloader_utils._storage import Storage
 
 
@@ -179,3 +181,28 @@ def test_index_cache_on_and_off_agree(tmp_path: Path, monkeypatch: pytest.Monkey
     assert cold.digest == warm.digest == off.digest
     assert cold.splits == warm.splits == off.splits
     assert _harness.resume(case, state) == full[6:]
+
+
+_PART = st.text(alphabet="abc-_.0", min_size=1, max_size=4).filter(lambda p: p not in (".", ".."))
+
+
+@given(
+    layout=st.lists(
+        st.lists(_PART, min_size=1, max_size=4), min_size=1, max_size=6, unique_by=tuple
+    ),
+    old=st.lists(_PART, max_size=3),
+    new=st.lists(_PART, max_size=3),
+)
+def test_names_do_not_depend_on_where_the_files_are(
+    layout: list[list[str]], old: list[str], new: list[str]
+):
+    """The same files below two roots get the same names; a name below its root is the path."""
+    if any(a[: len(b)] == b and len(a) > len(b) for a in layout for b in layout):
+        return  # a file cannot also be a directory
+    names = []
+    for prefix in (["", "bucket", *old], ["", "nvme", *new]):
+        paths = ["/".join(prefix + parts) for parts in layout]
+        root = _root(paths)
+        names.append([p[len(root) :].lstrip("/") for p in paths])
+        assert all(p == f"{root}/{n}" for p, n in zip(paths, names[-1], strict=True))
+    assert names[0] == names[1]

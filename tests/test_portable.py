@@ -98,6 +98,22 @@ def test_a_copy_with_another_layout_below_the_root_is_refused(tmp_path: Path):
         _harness.resume({**case, "path": str(tmp_path / "b")}, state)
 
 
+def test_elastic_resume_of_two_ranks_on_a_copy_delivers_the_rest_once(tmp_path: Path):
+    write_dataset(tmp_path / "a", ROWS, row_group_size=10)
+    case = {"batch_size": 16, "split_bytes": 1, "shuffle": True, "even_batches": False}
+    states, seen = [], []
+    for rank, k in ((0, 3), (1, 5)):
+        ranked = {**case, "path": str(tmp_path / "a"), "rank": rank, "world_size": 2}
+        state, batches = _harness.checkpoint_after(ranked, k)
+        states.append(state)
+        seen += _harness.ids(batches)
+    _copy(tmp_path / "a", tmp_path / "b")
+    loader, _ = _harness.make_loader({**case, "path": str(tmp_path / "b"), "num_workers": 2})
+    loader.load_state_dict(states, elastic=True)
+    rest = _harness.ids(_harness.take(loader))
+    assert sorted(seen + rest) == list(range(sum(ROWS)))
+
+
 @pytest.fixture
 def memory_dataset(tmp_path: Path) -> Iterator[str]:
     """``memory://<unique>/train`` holding the dataset, removed afterwards."""
