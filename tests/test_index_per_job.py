@@ -26,8 +26,10 @@ from _data import rows_table, write_dataset
 from _faultproxy import FaultProxy
 from _s3server import S3Env, s3_fixture, s3_server_fixture, storage_options  # noqa: F401
 
-from torch_dataloader_utils import _distributed
+from torch_dataloader_utils import _distributed, _index
 from torch_dataloader_utils._distributed import spans_process_group
+from torch_dataloader_utils._formats import get_format
+from torch_dataloader_utils._storage import Storage
 
 TESTS = Path(__file__).parent
 JOB_SCRIPT = TESTS / "ddp" / "index_job.py"
@@ -139,6 +141,32 @@ def test_footers_are_fetched_once_per_job(s3: S3Env, tmp_path: Path):
 def test_no_process_group_means_no_collective():
     assert not spans_process_group(0, 1)
     assert not spans_process_group(0, 4)  # RANK/WORLD_SIZE without init_process_group
+
+
+def test_warm_caches_on_every_rank_skip_the_broadcast(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("TDU_CACHE_DIR", str(tmp_path / "cache"))
+    write_dataset(tmp_path / "data", [30, 20], row_group_size=10)
+    storage, fmt = Storage(str(tmp_path)), get_format("parquet")
+    asked: list[bool] = []
+    broadcasts: list[object] = []
+
+    def every(flag: bool) -> bool:  # a job of one rank
+        asked.append(flag)
+        return flag
+
+    def broadcast(compute: Any) -> Any:
+        broadcasts.append(compute)
+        return compute()
+
+    monkeypatch.setattr(_distributed, "on_every_rank", every)
+    monkeypatch.setattr(_distributed, "from_rank_zero", broadcast)
+    cold = _index._index_once_per_job(storage, fmt, str(tmp_path / "data"), None, 2**30)
+    assert (asked, len(broadcasts)) == ([False], 1)  # cold: rank 0 builds, the index travels
+    warm = _index._index_once_per_job(storage, fmt, str(tmp_path / "data"), None, 2**30)
+    assert (asked, len(broadcasts)) == ([False, True], 1)  # warm everywhere: no broadcast
+    assert warm.digest == cold.digest and warm.splits == cold.splits
 
 
 def test_from_rank_zero_sends_values_and_errors(monkeypatch: pytest.MonkeyPatch):

@@ -11,7 +11,8 @@ so all ranks raise the same error together instead of some of them waiting forev
 collective the others have left.
 
 ``from_rank_zero`` builds a value (the dataset index) on rank 0 only and broadcasts it, so a
-job reads every footer once, not once per rank. It runs when the dataset is built, and only
+job reads every footer once, not once per rank (``on_every_rank`` first asks whether every
+rank's index cache already holds it all). It runs when the dataset is built, and only
 when ``spans_process_group``: the dataset's ranks are exactly the default group's processes,
 so each of them builds the dataset (a dataset given another ``rank``/``world_size``, e.g. an
 evaluation set on one rank, never communicates). A failure on rank 0 is raised on every rank.
@@ -28,7 +29,13 @@ import torch.distributed as dist
 from ._errors import CheckpointMismatchError, InvalidStateError
 from ._state import check_coverage, check_same_epoch, check_setting, stored_split
 
-__all__ = ["from_rank_zero", "gather_states", "scatter_states", "spans_process_group"]
+__all__ = [
+    "from_rank_zero",
+    "gather_states",
+    "on_every_rank",
+    "scatter_states",
+    "spans_process_group",
+]
 
 T = TypeVar("T")
 
@@ -88,6 +95,13 @@ def spans_process_group(rank: int, world_size: int) -> bool:
         and dist.is_initialized()
         and (dist.get_rank(), dist.get_world_size()) == (rank, world_size)
     )
+
+
+def on_every_rank(flag: bool) -> bool:
+    """Collective: whether ``flag`` holds on every rank of the default group."""
+    flags: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(flag))
+    return all(flags)
 
 
 def from_rank_zero(compute: Callable[[], T]) -> T:

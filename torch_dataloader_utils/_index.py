@@ -140,15 +140,23 @@ def _index_once_per_job(
     columns: Sequence[str] | None,
     split_bytes: int,
 ) -> DatasetIndex:
-    """Rank 0's index on every rank that lists the same objects; the others build their own."""
-    from ._distributed import from_rank_zero
+    """Rank 0's index on every rank that lists the same objects; the others build their own.
+
+    When every rank finds every footer in its index cache, each builds from it: that is
+    cheaper than pickling the index on rank 0 and unpickling it everywhere.
+    """
+    from ._distributed import from_rank_zero, on_every_rank
 
     listed: list[FileEntry] | Exception
+    cached = None
     try:
         listed = storage.list_files(paths, extensions=fmt.extensions)
         key = _listing_key(storage, fmt, listed, columns, split_bytes)
-    except Exception as exc:  # every rank must still join the broadcast, or the others hang
+        cached = _all_cached(storage, fmt, listed)
+    except Exception as exc:  # every rank must still join the collectives, or the others hang
         listed, key = exc, ""
+    if on_every_rank(cached is not None) and cached and not isinstance(listed, Exception):
+        return _assemble(storage, listed, cached, columns, split_bytes)
 
     def build() -> tuple[str, DatasetIndex]:
         if isinstance(listed, Exception):
@@ -190,7 +198,17 @@ def _index_of(
     split_bytes: int,
 ) -> DatasetIndex:
     """The index of listed ``entries``: footers (cache, else storage), names, schema, splits."""
-    found = _metadata(storage, fmt, entries)
+    return _assemble(storage, entries, _metadata(storage, fmt, entries), columns, split_bytes)
+
+
+def _assemble(
+    storage: Storage,
+    entries: list[FileEntry],
+    found: list[Found],
+    columns: Sequence[str] | None,
+    split_bytes: int,
+) -> DatasetIndex:
+    """The index of ``entries`` whose metadata and fingerprints are ``found``."""
     root = _root([e.path for e in entries])
     files = tuple(
         IndexedFile(
@@ -244,6 +262,21 @@ def _metadata(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> li
             "index cache %s: %d of %d footer(s) cached, %d read from storage",
             cache.path, len(entries) - len(missing), len(entries), len(missing),
         )  # fmt: skip
+    return found  # type: ignore[return-value]
+
+
+def _all_cached(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> list[Found] | None:
+    """Every entry's metadata from the index cache, or ``None`` if any is not there."""
+    cache = open_cache()
+    if cache is None:
+        return None
+    try:
+        found = _cached(cache, storage, fmt, entries)
+    finally:
+        cache.close()
+    if any(f is None for f in found):
+        return None
+    log.info("index cache %s: all %d footer(s) cached", cache.path, len(entries))
     return found  # type: ignore[return-value]
 
 
