@@ -182,8 +182,8 @@ def test_changed_setting_is_named_with_both_values(mid_state, field, new):
     error = _mismatch(case, state, **{field: new})
     assert f"{field} changed: checkpoint={old!r}, current={new!r}" in str(error)
     assert (error.field, error.expected, error.found) == (field, old, new)
-    path, offset, length = state["partial"][0][:3]
-    assert error.split == f"{path} rows [{offset}, {offset + length})"
+    name, offset, length = state["partial"][0][:3]  # a name below the dataset root
+    assert error.split == f"{state['files']['root']}/{name} rows [{offset}, {offset + length})"
     assert error.split in str(error)
 
 

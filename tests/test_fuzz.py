@@ -103,7 +103,7 @@ def claimed_rows(state: dict[str, Any], dataset: StructuredDataset) -> set[int]:
     attribute this test relies on.
     """
     index = dataset._index
-    starts = dict(zip((f.display for f in index.files), np.cumsum((0, *ROWS)), strict=False))
+    starts = dict(zip((f.name for f in index.files), np.cumsum((0, *ROWS)), strict=False))
     rows: set[int] = set()
     parts = [state] + ([state["base"]] if state.get("base") else [])
     for part in parts:
@@ -111,7 +111,7 @@ def claimed_rows(state: dict[str, Any], dataset: StructuredDataset) -> set[int]:
         bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[: len(index.splits)]
         for split_id in np.flatnonzero(bits):
             split = index.splits[split_id]
-            first = int(starts[index.files[split.file].display]) + split.row_offset
+            first = int(starts[index.files[split.file].name]) + split.row_offset
             rows.update(range(first, first + split.row_length))
         for path, offset, _length, _fingerprint, bounds in part["partial"]:
             for lo, hi in zip(bounds[::2], bounds[1::2], strict=True):

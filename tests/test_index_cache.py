@@ -130,11 +130,11 @@ def test_cached_footers_pickle_unparsed_and_feed_workers(cache: Path, data: Path
 def test_resume_is_exact_over_a_warm_cache(cache: Path, data: Path):
     case = {"path": str(data), "batch_size": 9, "split_bytes": 1, "shuffle": True}
     _harness.assert_resume_exact(case, 4)
-    assert (cache / "index-v2.sqlite").exists()
+    assert (cache / "index-v3.sqlite").exists()
 
 
 def _rows(cache: Path, sql: str, *args: object) -> list[tuple]:
-    with sqlite3.connect(cache / "index-v2.sqlite") as db:
+    with sqlite3.connect(cache / "index-v3.sqlite") as db:
         rows = db.execute(sql, args).fetchall()
     db.close()
     return rows
@@ -147,6 +147,8 @@ def test_cache_rows_are_data_in_a_journal_mode_safe_on_nfs(cache: Path, data: Pa
     entry, footer = _rows(cache, "SELECT entry, footer FROM files ORDER BY path")[0]
     fields = json.loads(entry)
     assert fields["unit_rows"] == [8, 8, 8, 8, 8]
+    first = StructuredDataset(str(data))._index.files[0]
+    assert fields["fingerprint"] == first.fingerprint  # the content fingerprint, kept
     assert footer[:4] == footer[-4:] == b"PAR1"  # Parquet's own Thrift footer, not a pickle
 
 
@@ -162,6 +164,11 @@ def test_cache_rows_are_data_in_a_journal_mode_safe_on_nfs(cache: Path, data: Pa
         "WHERE path LIKE '%part-00001%'",
         "UPDATE files SET entry = '[1, 2]' WHERE path LIKE '%part-00001%'",
         "UPDATE files SET footer = 'text' WHERE path LIKE '%part-00001%'",
+        # an entry without a content fingerprint (written before fingerprints were kept)
+        "UPDATE files SET entry = json_remove(entry, '$.fingerprint') "
+        "WHERE path LIKE '%part-00001%'",
+        "UPDATE files SET entry = json_set(entry, '$.fingerprint', 7) "
+        "WHERE path LIKE '%part-00001%'",
     ],
 )
 def test_corrupt_row_is_logged_and_rebuilt(

@@ -72,16 +72,17 @@ def test_state_schema_mid_epoch(parquet_dir: Path, small_split: int):
     assert state["_shuffle_window"] == 32  # the default window
     assert state["_even_batches"] is False
     assert state["files"]["count"] == 3
+    assert state["files"]["root"] == str(parquet_dir)  # names are relative to it
     assert state["num_splits"] == len(dataset._index.splits)
     assert state["base"] is None
     assert state["cursor"] == 1  # 7 batches over 2 workers: worker 1 is next
-    # Partial entries name the split by content: path, row range, fingerprint, and the rows
+    # Partial entries name the split by content: name, row range, fingerprint, and the rows
     # delivered as [lo, hi, ...] relative to row_offset. With shuffle, a window of splits is
     # open per worker: many partial splits, 70 rows delivered in all.
     assert state["partial"]
     delivered = 0
     for path, offset, length, fingerprint, bounds in state["partial"]:
-        assert path.startswith(str(parquet_dir)) and path.endswith(".parquet")
+        assert (parquet_dir / path).is_file() and path.endswith(".parquet")
         assert offset >= 0 and length > 0
         _assert_delivered_bounds(bounds, length)
         assert fingerprint in {f.fingerprint for f in dataset._index.files}
@@ -135,7 +136,13 @@ def _fake_index(num_files: int, splits_per_file: int, rows: int = 20) -> Dataset
     schema = pa.schema([("id", pa.int64())])
     meta = FileMetadata(schema, (rows,) * splits_per_file, (100,) * splits_per_file)
     files = tuple(
-        IndexedFile(f"/data/f{i:05d}.parquet", f"/data/f{i:05d}.parquet", f"fp{i}", meta)
+        IndexedFile(
+            path=f"/data/f{i:05d}.parquet",
+            display=f"/data/f{i:05d}.parquet",
+            name=f"f{i:05d}.parquet",
+            fingerprint=f"fp{i}",
+            metadata=meta,
+        )
         for i in range(num_files)
     )
     splits = tuple(
@@ -271,8 +278,8 @@ def test_state_with_base_round_trips():
     settings = _settings()
     state = encode(epoch=0, delivered=base, base=base, cursor=0, index=index, settings=settings)
     assert state["base"] is not None and state["base"]["partial"] == [
-        ["/data/f00000.parquet", 80, 20, "fp0", [0, 5, 12, 13]],
-        ["/data/f00001.parquet", 60, 20, "fp1", [3, 20]],
+        ["f00000.parquet", 80, 20, "fp0", [0, 5, 12, 13]],
+        ["f00001.parquet", 60, 20, "fp1", [3, 20]],
     ]
     assert state["partial"] == state["base"]["partial"]
     done, got_base = decode(json.loads(json.dumps(state)), index=index, settings=settings)
@@ -331,15 +338,17 @@ def _small_state(**settings: object) -> tuple[DatasetIndex, dict, Settings]:
     return index, json.loads(json.dumps(state)), chosen
 
 
-def test_version_1_state_is_refused_with_what_to_do():
+@pytest.mark.parametrize(("version", "why"), [(1, "row by row"), (2, "mtime or ETag")])
+def test_old_version_states_are_refused_with_what_to_do(version: int, why: str):
     index, state, settings = _small_state()
-    state["version"] = 1
+    state["version"] = version
     with pytest.raises(InvalidStateError) as info:
         decode(state, index=index, settings=settings)
     message = str(info.value)
-    assert "version 1" in message and f"version {STATE_VERSION}" in message
+    assert f"version {version}," in message and f"version {STATE_VERSION}" in message
+    assert why in message
     assert "set_epoch" in message  # what to do: restart the checkpoint's epoch
-    with pytest.raises(InvalidStateError, match="version 1"):
+    with pytest.raises(InvalidStateError, match=f"version {version}"):
         _epochs(index, shuffle=False).load(state, 0)
     state["version"] = 99
     with pytest.raises(InvalidStateError, match="unknown state version 99"):

@@ -1,7 +1,7 @@
 """The index cache: parsed footers on local disk, so building a dataset again skips footer reads.
 
 Location: ``$TDU_CACHE_DIR`` if set, else ``~/.cache/torch_dataloader_utils``; one SQLite file,
-``index-v2.sqlite``, shared by all datasets, processes and ranks on the machine.
+``index-v3.sqlite``, shared by all datasets, processes and ranks on the machine.
 ``TDU_INDEX_CACHE=0`` (or ``off``, ``false``, ``no``) disables it.
 
 One row per (storage namespace, path, format). The row is used only when the file's size and
@@ -9,13 +9,14 @@ stamp still equal the stored ones: the version tag (ETag / generation / mtime) a
 files, also the change time and inode, which ``utime`` cannot restore. A changed object misses
 and its row is replaced; other rows stay valid. Files without a version tag are never cached.
 
-A row is data, never code: JSON of what planning needs (unit rows and bytes, the digest naming
-the file's Arrow schema, stored once per distinct schema as IPC bytes, and a checksum of the
-footer) plus the footer in the format's own bytes (Parquet: its Thrift bytes). Nothing is
-unpickled, so a cache directory shared with others cannot run their code. A row that fails to
-decode or whose checksum does not match is logged, read again from storage and rewritten; the
-other rows are used as they are. Footers are parsed lazily (``CachedMetadata.footer``): the main
-process never parses them, a worker parses only the footers of files it reads.
+A row is data, never code: JSON of what planning needs (unit rows and bytes, the file's content
+fingerprint, the digest naming the file's Arrow schema, stored once per distinct schema as IPC
+bytes, and a checksum of the footer) plus the footer in the format's own bytes (Parquet: its
+Thrift bytes). Nothing is unpickled, so a cache directory shared with others cannot run their
+code. A row that fails to decode or whose checksum does not match is logged, read again from
+storage and rewritten; the other rows are used as they are. Footers are parsed lazily
+(``CachedMetadata.footer``): the main process never parses them, a worker parses only the
+footers of files it reads.
 
 The database uses SQLite's default rollback journal (``DELETE``), not WAL: WAL needs shared
 memory between the processes, which network filesystems (an NFS home directory) do not
@@ -46,7 +47,8 @@ from ._log import log, some_names
 
 __all__ = ["CachedMetadata", "IndexCache", "cache_dir", "open_cache"]
 
-_FILENAME = "index-v2.sqlite"  # v1 rows were pickles: never read them
+# v1 rows were pickles, v2 rows have no content fingerprint: neither is ever read.
+_FILENAME = "index-v3.sqlite"
 _OFF = frozenset({"0", "off", "false", "no", "disable", "disabled"})
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -106,11 +108,12 @@ class CachedMetadata(FileMetadata):
 
 @dataclass(frozen=True)
 class _Row:
-    """A decoded ``files`` row: schema digest, unit rows and bytes, serialized footer."""
+    """A decoded ``files`` row: schema digest, unit rows and bytes, fingerprint, footer."""
 
     schema: str
     unit_rows: tuple[int, ...]
     unit_bytes: tuple[int, ...]
+    fingerprint: str
     footer: bytes
 
 
@@ -132,9 +135,10 @@ class IndexCache:
 
     def get(
         self, namespace: str, fmt: FileFormat, entries: Sequence[Any]
-    ) -> list[FileMetadata | None]:
-        """Cached metadata of each entry (``FileEntry``), ``None`` where missing, stale or
-        corrupt (corrupt rows are logged; reading the file again replaces them)."""
+    ) -> list[tuple[FileMetadata, str] | None]:
+        """Cached metadata and content fingerprint of each entry (``FileEntry``), ``None`` where
+        missing, stale or corrupt (corrupt rows are logged; reading the file again replaces
+        them)."""
         wanted = {e.path: (e.size, e.stamp) for e in entries if e.stamp}
         if not wanted:
             return [None] * len(entries)
@@ -162,11 +166,11 @@ class IndexCache:
         return found
 
     def put(
-        self, namespace: str, fmt: FileFormat, items: Iterable[tuple[Any, FileMetadata]]
+        self, namespace: str, fmt: FileFormat, items: Iterable[tuple[Any, FileMetadata, str]]
     ) -> None:
-        """Store ``(FileEntry, FileMetadata)`` pairs, replacing older versions of the paths."""
+        """Store ``(FileEntry, FileMetadata, fingerprint)``, replacing older versions."""
         rows, schemas = [], {}
-        for entry, meta in items:
+        for entry, meta, fingerprint in items:
             if not entry.stamp:
                 continue
             schema_bytes = meta.schema.serialize().to_pybytes()
@@ -177,6 +181,7 @@ class IndexCache:
                 "schema": digest,
                 "unit_rows": list(meta.unit_rows),
                 "unit_bytes": list(meta.unit_bytes),
+                "fingerprint": fingerprint,
                 "footer": xxhash.xxh64_hexdigest(footer),
             }
             row = (namespace, entry.path, fmt.name, entry.size, entry.stamp)
@@ -201,11 +206,12 @@ class IndexCache:
             if xxhash.xxh64_hexdigest(row[0]) == digest:
                 self._schemas[digest] = pa.ipc.read_schema(pa.py_buffer(row[0]))
 
-    def _metadata(self, row: _Row | None, fmt: FileFormat) -> FileMetadata | None:
+    def _metadata(self, row: _Row | None, fmt: FileFormat) -> tuple[FileMetadata, str] | None:
         schema = None if row is None else self._schemas.get(row.schema)
         if row is None or schema is None:
             return None
-        return CachedMetadata(schema, row.unit_rows, row.unit_bytes, row.footer, fmt)
+        meta = CachedMetadata(schema, row.unit_rows, row.unit_bytes, row.footer, fmt)
+        return meta, row.fingerprint
 
 
 def _decode(entry: object, footer: object) -> _Row | None:
@@ -216,6 +222,7 @@ def _decode(entry: object, footer: object) -> _Row | None:
             fields["schema"],
             tuple(fields["unit_rows"]),
             tuple(fields["unit_bytes"]),
+            fields["fingerprint"],
             footer,  # type: ignore[arg-type]
         )
         checksum = fields["footer"]
@@ -224,6 +231,8 @@ def _decode(entry: object, footer: object) -> _Row | None:
     ints = row.unit_rows + row.unit_bytes
     valid = (
         isinstance(row.schema, str)
+        and isinstance(row.fingerprint, str)
+        and len(row.fingerprint) == 16
         and isinstance(row.footer, bytes)
         and len(row.unit_rows) == len(row.unit_bytes)
         and all(type(n) is int and n >= 0 for n in ints)

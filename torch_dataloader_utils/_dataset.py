@@ -59,7 +59,11 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
     ``even_batches`` (default: on when ``world_size > 1``) gives every rank the same number of
     rows, dealt alike to its workers, so every rank yields the same number of batches, as DDP
     needs; the fewer than ``world_size`` rows left over are left out of the epoch (logged, and
-    recorded as consumed). Arguments: ``docs/usage.md``; the state: ``docs/checkpoints.md``.
+    recorded as consumed). ``packing`` (a ``TokenPacking``) turns a token column into batches
+    of fixed-length sequences, resumable to the token. ``share_index=True`` makes building the
+    dataset a collective under ``torch.distributed``: rank 0 reads the footers and the other
+    ranks receive the index (every rank must build it together). Arguments:
+    ``docs/usage.md``; the state: ``docs/checkpoints.md``.
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         drop_last: bool = False,
         even_batches: bool | None = None,
         packing: TokenPacking | None = None,
+        share_index: bool = False,
     ) -> None:
         super().__init__()
         config = DatasetConfig(
@@ -103,7 +108,16 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         World(self._rank, self._world_size)  # validates the pair
         first = path if isinstance(path, str) else next(iter(path), "")
         self._storage = Storage(first, storage_options)
-        index = build_index(self._storage, self._format, path, config.read_columns, split_bytes)
+        index = build_index(
+            self._storage,
+            self._format,
+            path,
+            config.read_columns,
+            split_bytes,
+            # a collective only when asked for: the library calls dist.* only where told to
+            rank=self._rank if share_index else 0,
+            world_size=self._world_size if share_index else 1,
+        )
         config.check_window(len(index.splits))
         if packing is not None:
             packing.check(index.schema)
@@ -144,6 +158,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         drop_last: bool = False,
         even_batches: bool | None = None,
         packing: TokenPacking | None = None,
+        share_index: bool = False,
         **dataloader_kwargs: Any,
     ) -> tuple[StructuredDataLoader, StructuredDataset]:
         """``(loader, dataset)``: the loader records what it hands out and resumes exactly."""
@@ -167,6 +182,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             drop_last=drop_last,
             even_batches=even_batches,
             packing=packing,
+            share_index=share_index,
         )
         return StructuredDataLoader(dataset, num_workers=num_workers, **dataloader_kwargs), dataset
 

@@ -1,4 +1,4 @@
-"""The only module that calls ``torch.distributed``: the explicit global-state collectives.
+"""The only module that calls ``torch.distributed`` collectives: global state and the index.
 
 ``gather_states`` collects every rank's ``state_dict()`` on one rank (``dist.gather_object``).
 ``scatter_states`` hands the saved list back: without ``elastic`` each rank receives only its
@@ -9,10 +9,18 @@ already holds the list and nothing is communicated.
 The list is validated where it is known (on ``src_rank``) and a failure is sent to every rank,
 so all ranks raise the same error together instead of some of them waiting forever in a
 collective the others have left.
+
+``from_rank_zero`` builds a value (the dataset index) on rank 0 only and broadcasts it, so a
+job reads every footer once, not once per rank (``on_every_rank`` first asks whether every
+rank's index cache already holds it all). It runs when the dataset is built, and only
+when ``spans_process_group``: the dataset's ranks are exactly the default group's processes,
+so each of them builds the dataset (a dataset given another ``rank``/``world_size``, e.g. an
+evaluation set on one rank, never communicates). A failure on rank 0 is raised on every rank.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -21,7 +29,13 @@ import torch.distributed as dist
 from ._errors import CheckpointMismatchError, InvalidStateError
 from ._state import check_coverage, check_same_epoch, check_setting, stored_split
 
-__all__ = ["gather_states", "scatter_states"]
+__all__ = [
+    "from_rank_zero",
+    "gather_states",
+    "on_every_rank",
+    "scatter_states",
+    "spans_process_group",
+]
 
 T = TypeVar("T")
 
@@ -70,6 +84,54 @@ def scatter_states(
     if elastic:
         return _broadcast_list(states, src_rank)
     return _scatter_own(states, src_rank, rank, world_size, group_size)
+
+
+def spans_process_group(rank: int, world_size: int) -> bool:
+    """Whether ``rank`` of ``world_size`` is this process in an initialised default group of
+    more than one process."""
+    return (
+        world_size > 1
+        and dist.is_available()
+        and dist.is_initialized()
+        and (dist.get_rank(), dist.get_world_size()) == (rank, world_size)
+    )
+
+
+def on_every_rank(flag: bool) -> bool:
+    """Collective: whether ``flag`` holds on every rank of the default group."""
+    flags: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(flag))
+    return all(flags)
+
+
+def from_rank_zero(compute: Callable[[], T]) -> T:
+    """Collective: ``compute()`` run on rank 0 only, its value (or its error) on every rank.
+
+    Rank 0 pickles the outcome itself, so one that cannot be pickled fails on every rank (as a
+    ``RuntimeError``) instead of leaving the others waiting.
+    """
+    payload: list[Any] = [None]
+    outcome: Any = None
+    if dist.get_rank() == 0:
+        try:
+            outcome = compute()
+        except Exception as exc:  # raised again below, on every rank
+            outcome = _Failure(exc)
+        payload[0], outcome = _pickled(outcome)
+    dist.broadcast_object_list(payload, src=0)
+    if dist.get_rank() == 0:
+        return _unwrap(outcome)  # type: ignore[no-any-return]
+    return _unwrap(pickle.loads(payload[0]))  # type: ignore[no-any-return]
+
+
+def _pickled(outcome: object) -> tuple[bytes, object]:
+    """``outcome`` pickled, or a failure saying why it cannot be (and that failure)."""
+    try:
+        return pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL), outcome
+    except Exception as exc:
+        what = type(getattr(outcome, "error", outcome)).__name__
+        failure = _Failure(RuntimeError(f"rank 0 cannot send its {what} to the other ranks: {exc}"))
+        return pickle.dumps(failure), failure
 
 
 # ----------------------------------------------------------------- collectives

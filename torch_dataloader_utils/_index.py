@@ -2,11 +2,18 @@
 
 This is the only planning step that does I/O. Footers are read once, in parallel, and travel
 with the index to workers, which never read them again. Footers already in the local index
-cache (``_cache``) are not read at all; only new or changed files are.
+cache (``_cache``) are not read at all; only new or changed files are. Under a
+``torch.distributed`` process group whose ranks are the dataset's, rank 0 alone reads them and
+hands the index to the others (``_distributed.index_from_rank_zero``).
+
+Files are named in states relative to the dataset's *root*, the deepest directory holding them
+all, so a copy of the files elsewhere (another node, a local copy of an S3 prefix) has the same
+names; with content fingerprints (``_footers``) a checkpoint resumes on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sqlite3
@@ -25,9 +32,10 @@ from tqdm.auto import tqdm
 from ._cache import IndexCache, open_cache, warn_once
 from ._convert import converted_row_bytes
 from ._errors import DataSourceError, SchemaMismatchError
+from ._footers import TailFile, content_fingerprint
 from ._formats import FileFormat, FileMetadata
 from ._interleave import MAX_PIECE_ROWS
-from ._log import log
+from ._log import log, some_names
 from ._plan import Split, cut_splits
 from ._storage import FileEntry, Storage
 
@@ -39,12 +47,18 @@ _MAX_READ_THREADS = 32
 MAX_SPLIT_ROWS = MAX_PIECE_ROWS
 # A state names at most this many groups of files, so its size does not grow with the file count.
 MAX_FILE_GROUPS = 256
+# Distinct schemas looked for when sharing one object among equal ones (usually there is one).
+_SHARED_SCHEMAS = 8
 
 
 @dataclass(frozen=True)
 class IndexedFile:
+    """A file: its filesystem path, display path (messages), name below the dataset root
+    (states) and content fingerprint."""
+
     path: str
     display: str
+    name: str
     fingerprint: str
     metadata: FileMetadata
 
@@ -54,6 +68,7 @@ class DatasetIndex:
     files: tuple[IndexedFile, ...]
     splits: tuple[Split, ...]
     schema: pa.Schema
+    root: str = ""  # display path of the directory the names are relative to (messages only)
 
     def row_bytes(self) -> int:
         """Estimated decoded bytes per row of the projected columns (for memory budgets)."""
@@ -67,11 +82,11 @@ class DatasetIndex:
 
     @cached_property
     def digest(self) -> str:
-        """Content address of the whole file list (paths and fingerprints, in order)."""
-        return _digest(f"{f.display}\0{f.fingerprint}" for f in self.files)
+        """Content address of the whole file list (names and fingerprints, in order)."""
+        return _digest(f"{f.name}\0{f.fingerprint}" for f in self.files)
 
     def file_groups(self) -> list[list[object]]:
-        """``[first path, last path, count, digest]`` for up to ``MAX_FILE_GROUPS`` file runs."""
+        """``[first name, last name, count, digest]`` for up to ``MAX_FILE_GROUPS`` file runs."""
         return [list(group) for group in self._file_groups]
 
     @cached_property
@@ -79,14 +94,14 @@ class DatasetIndex:
         size = max(1, math.ceil(len(self.files) / MAX_FILE_GROUPS))
         runs = [self.files[i : i + size] for i in range(0, len(self.files), size)]
         return tuple(
-            (run[0].display, run[-1].display, len(run), _digest(f.fingerprint for f in run))
+            (run[0].name, run[-1].name, len(run), _digest(f.fingerprint for f in run))
             for run in runs
         )
 
     @cached_property
     def _splits_by_range(self) -> dict[tuple[str, int, int], int]:
         return {
-            (self.files[s.file].display, s.row_offset, s.row_length): i
+            (self.files[s.file].name, s.row_offset, s.row_length): i
             for i, s in enumerate(self.splits)
         }
 
@@ -106,24 +121,138 @@ def build_index(
     paths: str | Sequence[str],
     columns: Sequence[str] | None,
     split_bytes: int,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> DatasetIndex:
-    """List ``paths``, read the footers not cached (thread pool, progress bar), cut splits."""
-    entries = storage.list_files(paths, extensions=fmt.extensions)
-    metas = _metadata(storage, fmt, entries)
+    """List ``paths``, read the footers not cached (thread pool, progress bar), cut splits.
+
+    When a ``torch.distributed`` process group of ``world_size`` processes runs this as
+    ``rank`` (the dataset's ``share_index=True``), only rank 0 reads footers; the others take
+    its index if they list the same objects (they always list, which is cheap, so that no rank
+    reads files it did not see).
+    """
+    # Imported here: _distributed imports _state, which imports this module.
+    from ._distributed import spans_process_group
+
+    if spans_process_group(rank, world_size):
+        index = _index_once_per_job(storage, fmt, paths, columns, split_bytes)
+    else:
+        entries = storage.list_files(paths, extensions=fmt.extensions)
+        index = _index_of(storage, fmt, entries, columns, split_bytes)
+    return index
+
+
+def _index_once_per_job(
+    storage: Storage,
+    fmt: FileFormat,
+    paths: str | Sequence[str],
+    columns: Sequence[str] | None,
+    split_bytes: int,
+) -> DatasetIndex:
+    """Rank 0's index on every rank that lists the same objects; the others build their own.
+
+    When every rank finds every footer in its index cache, each builds from it: that is
+    cheaper than pickling the index on rank 0 and unpickling it everywhere.
+    """
+    from ._distributed import from_rank_zero, on_every_rank
+
+    listed: list[FileEntry] | Exception
+    cached = None
+    try:
+        listed = storage.list_files(paths, extensions=fmt.extensions)
+        key = _listing_key(storage, fmt, listed, columns, split_bytes)
+        cached = _all_cached(storage, fmt, listed)
+    except Exception as exc:  # every rank must still join the collectives, or the others hang
+        listed, key = exc, ""
+    if on_every_rank(cached is not None) and cached and not isinstance(listed, Exception):
+        return _assemble(storage, listed, cached, columns, split_bytes)
+
+    def build() -> tuple[str, DatasetIndex]:
+        if isinstance(listed, Exception):
+            raise listed
+        return key, _index_of(storage, fmt, listed, columns, split_bytes)
+
+    theirs, index = from_rank_zero(build)
+    if isinstance(listed, Exception):
+        raise listed
+    if theirs == key:
+        return index
+    names = some_names([storage.display(e.path) for e in listed])
+    log.info(
+        "this rank lists other objects (%s) than rank 0, or with other sizes, versions or "
+        "settings; it reads their footers itself",
+        names,
+    )
+    return _index_of(storage, fmt, listed, columns, split_bytes)
+
+
+def _listing_key(
+    storage: Storage,
+    fmt: FileFormat,
+    entries: list[FileEntry],
+    columns: Sequence[str] | None,
+    split_bytes: int,
+) -> str:
+    """Everything an index is a function of: the listed objects and the settings."""
+    head = [storage.namespace, fmt.name, repr(None if columns is None else list(columns))]
+    head.append(str(split_bytes))
+    return _digest(head + [f"{e.path}\0{e.size}\0{e.version}" for e in entries])
+
+
+def _index_of(
+    storage: Storage,
+    fmt: FileFormat,
+    entries: list[FileEntry],
+    columns: Sequence[str] | None,
+    split_bytes: int,
+) -> DatasetIndex:
+    """The index of listed ``entries``: footers (cache, else storage), names, schema, splits."""
+    return _assemble(storage, entries, _metadata(storage, fmt, entries), columns, split_bytes)
+
+
+def _assemble(
+    storage: Storage,
+    entries: list[FileEntry],
+    found: list[Found],
+    columns: Sequence[str] | None,
+    split_bytes: int,
+) -> DatasetIndex:
+    """The index of ``entries`` whose metadata and fingerprints are ``found``."""
+    root = _root([e.path for e in entries])
     files = tuple(
-        IndexedFile(e.path, storage.display(e.path), _fingerprint(e, m), m)
-        for e, m in zip(entries, metas, strict=True)
+        IndexedFile(
+            path=e.path,
+            display=storage.display(e.path),
+            name=e.path[len(root) :].lstrip("/"),
+            fingerprint=fingerprint,
+            metadata=meta,
+        )
+        for e, (meta, fingerprint) in zip(entries, found, strict=True)
     )
     schema = _common_schema(files, columns)
     splits = cut_splits(
         [f.metadata.unit_bytes for f in files], [f.metadata.unit_rows for f in files], split_bytes
     )
     _check_rows(files, splits)
-    return DatasetIndex(files, tuple(splits), schema)
+    return DatasetIndex(files, tuple(splits), schema, storage.display(root))
 
 
-def _metadata(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> list[FileMetadata]:
-    """Every entry's metadata: from the index cache where still valid, else from storage."""
+def _root(paths: Sequence[str]) -> str:
+    """The deepest directory that holds every one of ``paths`` (``""``: none in common)."""
+    parents = [p.split("/")[:-1] for p in paths]
+    first, last = min(parents), max(parents)  # what all share, these two share
+    pairs = enumerate(zip(first, last, strict=False))
+    same = next((i for i, (a, b) in pairs if a != b), len(first))
+    return "/".join(first[:same])
+
+
+Found = tuple[FileMetadata, str]  # metadata and content fingerprint
+
+
+def _metadata(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> list[Found]:
+    """Every entry's metadata and fingerprint: from the index cache where still valid, else
+    from storage."""
     cache = open_cache()
     try:
         found = _cached(cache, storage, fmt, entries)
@@ -131,12 +260,12 @@ def _metadata(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> li
         read = _read_all(storage, fmt, [entries[i] for i in missing])
         if cache is not None and missing:
             _store(
-                cache, storage, fmt, [(entries[i], m) for i, m in zip(missing, read, strict=True)]
+                cache, storage, fmt, [(entries[i], *m) for i, m in zip(missing, read, strict=True)]
             )
     finally:
         if cache is not None:
             cache.close()
-    for i, meta in zip(missing, read, strict=True):
+    for i, meta in zip(missing, _shared_schemas(read), strict=True):
         found[i] = meta
     if cache is not None:
         log.info(
@@ -146,9 +275,39 @@ def _metadata(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> li
     return found  # type: ignore[return-value]
 
 
+def _all_cached(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> list[Found] | None:
+    """Every entry's metadata from the index cache, or ``None`` if any is not there."""
+    cache = open_cache()
+    if cache is None:
+        return None
+    try:
+        found = _cached(cache, storage, fmt, entries)
+    finally:
+        cache.close()
+    if any(f is None for f in found):
+        return None
+    log.info("index cache %s: all %d footer(s) cached", cache.path, len(entries))
+    return found  # type: ignore[return-value]
+
+
+def _shared_schemas(found: list[Found]) -> list[Found]:
+    """Equal schemas as one object, so that an index pickles each once (to spawned workers and
+    other ranks: unpickling a schema per file took ~1 s per 3,000 files)."""
+    seen: list[pa.Schema] = []
+    shared = []
+    for meta, fingerprint in found:
+        same = next((s for s in seen if s.equals(meta.schema, check_metadata=True)), None)
+        if same is None and len(seen) < _SHARED_SCHEMAS:
+            seen.append(meta.schema)
+        elif same is not None and same is not meta.schema:
+            meta = dataclasses.replace(meta, schema=same)
+        shared.append((meta, fingerprint))
+    return shared
+
+
 def _cached(
     cache: IndexCache | None, storage: Storage, fmt: FileFormat, entries: list[FileEntry]
-) -> list[FileMetadata | None]:
+) -> list[Found | None]:
     if cache is None:
         return [None] * len(entries)
     try:
@@ -162,7 +321,7 @@ def _store(
     cache: IndexCache,
     storage: Storage,
     fmt: FileFormat,
-    items: list[tuple[FileEntry, FileMetadata]],
+    items: list[tuple[FileEntry, FileMetadata, str]],
 ) -> None:
     try:
         cache.put(storage.namespace, fmt, items)
@@ -170,7 +329,7 @@ def _store(
         warn_once(f"index cache {cache.path} cannot be written ({exc})")
 
 
-def _read_all(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> list[FileMetadata]:
+def _read_all(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> list[Found]:
     """Footers of ``entries`` read in parallel, with a progress bar on long lists."""
     if not entries:
         return []
@@ -208,27 +367,18 @@ def _local_rank() -> int:
         return 0
 
 
-def _read_metadata(storage: Storage, fmt: FileFormat, entry: FileEntry) -> FileMetadata:
+def _read_metadata(storage: Storage, fmt: FileFormat, entry: FileEntry) -> Found:
+    """The entry's metadata and content fingerprint; its footer region is fetched once."""
     display = storage.display(entry.path)
     try:
         with storage.open(entry.path) as source:
-            return fmt.read_metadata(source)
+            tail = TailFile(source, entry.size, fmt)
+            meta = fmt.read_metadata(tail)
+            return meta, content_fingerprint(entry.size, tail.footer, meta)
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise DataSourceError(
             f"cannot read {display} as {fmt.name} (size {entry.size} bytes): {exc}"
         ) from exc
-
-
-def _fingerprint(entry: FileEntry, meta: FileMetadata) -> str:
-    """xxhash of size, version tag (ETag/mtime) and the footer's unit layout."""
-    return _digest(
-        [
-            str(entry.size),
-            entry.version,
-            ",".join(map(str, meta.unit_rows)),
-            ",".join(map(str, meta.unit_bytes)),
-        ]
-    )
 
 
 def _digest(parts: object) -> str:

@@ -42,8 +42,14 @@ _KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "num_splits": int, "done": str, "partial": list, "base": (dict, type(None)), "cursor": int,
     "_packing": (list, type(None)), "tokens": list,
 }  # fmt: skip
-_SINCE_VERSION_3 = ("_packing", "tokens")  # a version 2 state is one without token packing
 _SIGNED_KEYS = ("_shuffle_seed",)
+# Versions this library refuses, with why their progress cannot be carried over.
+_OLD_VERSIONS = {
+    1: "saved before rows were dealt to streams row by row",
+    2: "which names files by absolute path with fingerprints of their mtime or ETag, where "
+    "version 3 names them below the dataset root with fingerprints of their content (and "
+    "records token packing)",
+}
 _ELASTIC_FIELDS = ("world_size", "rank", "num_workers", "even_batches")
 
 
@@ -95,7 +101,12 @@ def encode(
         "_even_batches": settings.even_batches,
         "_shuffle_window": settings.window,
         "_packing": settings.packing,
-        "files": {"count": len(index.files), "digest": index.digest, "groups": index.file_groups()},
+        "files": {
+            "count": len(index.files),
+            "digest": index.digest,
+            "groups": index.file_groups(),
+            "root": index.root,  # where the names were relative to, for messages only
+        },
         "num_splits": len(index.splits),
         "done": _pack_bits(delivered.done),
         "partial": _partial_rows(delivered.partial, index),
@@ -154,19 +165,17 @@ def _check_shape(state: object) -> None:
     if not isinstance(state, Mapping):
         raise InvalidStateError(f"a state must be a dict, got {type(state).__name__}")
     version = state.get("version")
-    if version == 1:
+    if version in _OLD_VERSIONS:
         raise InvalidStateError(
-            "this state is version 1, saved before rows were dealt to streams row by row; "
-            f"this library reads version {STATE_VERSION} and cannot continue that epoch "
-            f"exactly. Restart the checkpoint's epoch with dataset.set_epoch(state['epoch'])."
+            f"this state is version {version}, {_OLD_VERSIONS[version]}; this library reads "
+            f"version {STATE_VERSION} and cannot continue that epoch exactly. Restart the "
+            f"checkpoint's epoch with dataset.set_epoch(state['epoch'])."
         )
-    if version not in (2, STATE_VERSION):
+    if version != STATE_VERSION:
         raise InvalidStateError(
-            f"unknown state version {version!r}: this library reads versions 2 and {STATE_VERSION}"
+            f"unknown state version {version!r}: this library reads version {STATE_VERSION}"
         )
     for key, kind in _KEY_TYPES.items():
-        if version == 2 and key in _SINCE_VERSION_3:
-            continue
         if key not in state:
             raise InvalidStateError(f"state has no key {key!r}; was it saved by this library?")
         value = state[key]
@@ -197,7 +206,7 @@ def _check_settings(state: Mapping[str, Any], settings: Settings, elastic: bool)
         # 0 and 1 workers both make one stream per rank, so they resume into each other.
         "num_workers": (state["_num_workers"], settings.num_workers),
         # which tokens a row makes (seq_len may change: positions count tokens)
-        "packing": (state.get("_packing"), settings.packing),
+        "packing": (state["_packing"], settings.packing),
     }
     for name, (expected, found) in pairs.items():
         if elastic and name in _ELASTIC_FIELDS:
@@ -228,11 +237,12 @@ def stored_split(state: Mapping[str, Any]) -> str:
     """A split the state names, for messages: its first partial split, else its first file."""
     try:
         partial = state["partial"]
+        root = state["files"].get("root")
         if partial and isinstance(partial[0], list) and len(partial[0]) == 5:
             path, offset, length = partial[0][:3]
-            return f"{path} rows [{offset}, {offset + length})"
-        return f"{state['files']['groups'][0][0]} (full file)"
-    except (KeyError, TypeError, IndexError):
+            return f"{_located(root, path)} rows [{offset}, {offset + length})"
+        return f"{_located(root, state['files']['groups'][0][0])} (full file)"
+    except (KeyError, TypeError, IndexError, AttributeError):
         return "(no split named in the state)"
 
 
@@ -246,9 +256,10 @@ def _check_files(state: Mapping[str, Any], index: DatasetIndex) -> None:
         raise InvalidStateError(
             "state key 'files.groups' must be a list of [first path, last path, count, digest]"
         )
+    roots = (files.get("root"), index.root)
     for old, new in zip(stored, current, strict=False):
         if old != new:
-            raise _file_drift(old, new)
+            raise _file_drift(old, new, roots)
     if len(stored) == len(current):  # same files, yet another plan: the state was altered
         raise InvalidStateError(
             f"state key 'num_splits' is {state['num_splits']!r} (files digest "
@@ -257,7 +268,12 @@ def _check_files(state: Mapping[str, Any], index: DatasetIndex) -> None:
         )
     old = stored[len(current)] if len(stored) > len(current) else ["(none)"] * 4
     new = current[len(stored)] if len(current) > len(stored) else ["(none)"] * 4
-    raise _file_drift(old, new)
+    raise _file_drift(old, new, roots)
+
+
+def _located(root: object, name: object) -> str:
+    """A stored name as messages show it: below its dataset root, when the state has one."""
+    return f"{root}/{name}" if isinstance(root, str) and root else str(name)
 
 
 def _is_group(group: object) -> bool:
@@ -271,19 +287,27 @@ def _is_group(group: object) -> bool:
     )
 
 
-def _file_drift(old: Sequence[Any], new: Sequence[Any]) -> CheckpointMismatchError:
-    def name(group: Sequence[Any]) -> str:
-        if group[2] == 1 or group[2] == "(none)":
-            return str(group[0])
-        return f"{group[2]} files {group[0]} .. {group[1]}"
+def _file_drift(
+    old: Sequence[Any], new: Sequence[Any], roots: tuple[object, str]
+) -> CheckpointMismatchError:
+    """Groups ``old`` (stored) and ``new`` (current) differ; names are below their roots."""
 
-    changed = "content changed (size, ETag/mtime or footer)" if old[0] == new[0] else "renamed"
+    def name(group: Sequence[Any], root: object) -> str:
+        if group[2] == "(none)":
+            return "(none)"
+        if group[2] == 1:
+            return _located(root, group[0])
+        return f"{group[2]} files {_located(root, group[0])} .. {_located(root, group[1])}"
+
+    was, now = name(old, roots[0]), name(new, roots[1])
+    changed = "content changed (size or footer)" if old[0] == new[0] else "renamed"
     return CheckpointMismatchError(
-        f"checkpoint does not match the current files: stored {name(old)} (full file, "
-        f"fingerprint {old[3]}) compared against current {name(new)} (fingerprint {new[3]})."
-        f"\nLikely cause: files changed ({changed}): checkpoint={name(old)}@{old[3]}, "
-        f"current={name(new)}@{new[3]}",
-        split=f"{old[0]} (full file)", field="files", expected=old[3], found=new[3],
+        f"checkpoint does not match the current files: stored {was} (full file, fingerprint "
+        f"{old[3]}) compared against current {now} (fingerprint {new[3]})."
+        f"\nLikely cause: files changed ({changed}): checkpoint={was}@{old[3]}, "
+        f"current={now}@{new[3]}",
+        split=f"{_located(roots[0], old[0])} (full file)", field="files", expected=old[3],
+        found=new[3],
     )  # fmt: skip
 
 
@@ -315,13 +339,14 @@ def _split_of(key: Sequence[Any], index: DatasetIndex) -> int:
     split = index.split_at(path, offset, length)
     current = index.files[index.splits[split].file].fingerprint if split is not None else None
     if split is None or current != fingerprint:
+        where = _located(index.root, path)
         raise CheckpointMismatchError(
-            f"checkpoint split {path} rows [{offset}, {offset + length}) "
+            f"checkpoint split {where} rows [{offset}, {offset + length}) "
             f"(fingerprint {fingerprint}) is not in the current plan "
             f"(current fingerprint: {current or 'no such split'})."
-            f"\nLikely cause: files changed: checkpoint={path}@{fingerprint}, "
-            f"current={path}@{current}",
-            split=f"{path} rows [{offset}, {offset + length})",
+            f"\nLikely cause: files changed: checkpoint={where}@{fingerprint}, "
+            f"current={where}@{current}",
+            split=f"{where} rows [{offset}, {offset + length})",
             field="files", expected=fingerprint, found=current,
         )  # fmt: skip
     return split
@@ -330,7 +355,7 @@ def _split_of(key: Sequence[Any], index: DatasetIndex) -> int:
 def _split_key(split: int, index: DatasetIndex) -> list[Any]:
     s = index.splits[split]
     f = index.files[s.file]
-    return [f.display, s.row_offset, s.row_length, f.fingerprint]
+    return [f.name, s.row_offset, s.row_length, f.fingerprint]
 
 
 def _intervals(bounds: list[int], length: int, entry: object, done: bool) -> Intervals:
