@@ -247,7 +247,19 @@ def test_added_file_is_drift(tmp_path: Path):
     state, _ = _harness.checkpoint_after(case, 5)
     write_parquet(root / "part-00001.parquet", rows_table(100, 10), 10)
     error = _mismatch(case, state)
-    assert error.field == "files" and "Likely cause: files changed" in str(error)
+    assert error.field == "files" and "Likely cause: files changed (added)" in str(error)
+    (root / "part-00001.parquet").unlink()
+    (root / "part-00000.parquet").rename(root / "part-00002.parquet")
+    assert "Likely cause: files changed (renamed)" in str(_mismatch(case, state))
+
+
+def test_removed_file_is_drift(tmp_path: Path):
+    root = tmp_path / "data"
+    write_dataset(root, [100, 100], row_group_size=10)
+    case = {"path": str(root), "batch_size": 10, "split_bytes": 1}
+    state, _ = _harness.checkpoint_after(case, 5)
+    (root / "part-00001.parquet").unlink()
+    assert "Likely cause: files changed (removed)" in str(_mismatch(case, state))
 
 
 def test_edited_progress_out_of_order_is_refused(mid_state):

@@ -199,10 +199,11 @@ def _check_settings(state: Mapping[str, Any], settings: Settings, elastic: bool)
         "shuffle": (state["_shuffle"], settings.shuffle),
         "shuffle_seed": (state["_shuffle_seed"], settings.shuffle_seed),
         "shuffle_window": (state["_shuffle_window"], settings.window),
-        # which rows an evened epoch leaves out, and so where it ends, depends on it
-        "even_batches": (state["_even_batches"], settings.even_batches),
         "world_size": (state["_world_size"], settings.world_size),
         "rank": (state["_rank"], settings.rank),
+        # which rows an evened epoch leaves out, and so where it ends, depends on it (after
+        # world_size: its default follows world_size, so a changed world_size is named first)
+        "even_batches": (state["_even_batches"], settings.even_batches),
         # 0 and 1 workers both make one stream per rank, so they resume into each other.
         "num_workers": (state["_num_workers"], settings.num_workers),
         # which tokens a row makes (seq_len may change: positions count tokens)
@@ -300,7 +301,10 @@ def _file_drift(
         return f"{group[2]} files {_located(root, group[0])} .. {_located(root, group[1])}"
 
     was, now = name(old, roots[0]), name(new, roots[1])
-    changed = "content changed (size or footer)" if old[0] == new[0] else "renamed"
+    if old[2] == "(none)" or new[2] == "(none)":
+        changed = "added" if old[2] == "(none)" else "removed"
+    else:
+        changed = "content changed (size or footer)" if old[0] == new[0] else "renamed"
     return CheckpointMismatchError(
         f"checkpoint does not match the current files: stored {was} (full file, fingerprint "
         f"{old[3]}) compared against current {now} (fingerprint {new[3]})."
