@@ -11,7 +11,7 @@ Generated data (cached under ``bench_output/tokens``): 4 Parquet files x 50,000 
   num_workers=0 | 2)``, each batch's ``input_ids`` a ``torch.jagged`` nested tensor; timed from
   ``iter(loader)`` to the last batch (worker start-up included);
 * ``packed w0`` / ``packed w2``: the same with ``packing=TokenPacking("input_ids",
-  seq_len=2048, separator=50257)`` and ``batch_size=8`` sequences (16,384 tokens a batch, about
+  seq_len=2048, separator=50257)`` and ``batch_size=128`` sequences (262,144 tokens a batch,
   as many as a 1,024-row batch holds); the separators counted as documents;
 * ``hf datasets`` (if installed): ``load_dataset("parquet", streaming=True).iter(1024)`` over
   the first file only (Python lists; a full epoch would take minutes), as tokens/s.
@@ -46,7 +46,9 @@ from torch_dataloader_utils import StructuredDataset, TokenPacking
 
 BATCH = 1024
 TARGET = 0.8
-SEQ_LEN, SEQUENCES, EOS = 2048, 8, 50_257  # an id the generated tokens never take
+# 128 sequences of 2,048: 262,144 tokens a batch, as many as a 1,024-row batch holds (~263 a
+# row), so both paths pay the same per-batch costs (the DataLoader's own are ~30 us a batch).
+SEQ_LEN, SEQUENCES, EOS = 2048, 128, 50_257  # an id the generated tokens never take
 PACKING = TokenPacking("input_ids", seq_len=SEQ_LEN, separator=EOS)
 
 

@@ -6,7 +6,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._convert import OUTPUTS
+import pyarrow as pa
+
+from ._convert import OUTPUTS, converted_row_bytes
 from ._tokens import TokenPacking
 
 __all__ = [
@@ -53,6 +55,14 @@ class DatasetConfig:
         ):
             raise ValueError(f"columns must be a non-empty list of names, got {self.columns!r}")
         self._check_packing()
+
+    def batch_bytes(self, schema: pa.Schema) -> int:
+        """About how many bytes a converted batch of ``schema`` (the columns read) holds."""
+        if self.packing is None:
+            return self.batch_size * converted_row_bytes(schema)
+        tokens = self.batch_size * self.packing.seq_len
+        item = int(schema.field(self.packing.column).type.value_type.bit_width) // 8
+        return tokens * (item + 8)  # input_ids and int64 position_ids
 
     @property
     def read_columns(self) -> tuple[str, ...] | None:

@@ -300,6 +300,10 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         self._progress = progress
         return self._deliver(worker[0], progress)
 
+    def _batch_bytes(self) -> int:
+        """About how many bytes a batch holds (to size our loader's shared memory)."""
+        return self._epochs.config.batch_bytes(self._epochs.index.schema)
+
     @property
     def _next_start(self) -> Start:
         """Where the next iteration starts (a frozen value)."""

@@ -11,7 +11,7 @@ import torch.utils.data
 from ._dataset import StructuredDataset
 from ._epoch import Progress
 from ._errors import LostBatchesError, UnsendableBatchError
-from ._packing import WorkerFailure
+from ._packing import WorkerFailure, slot_bytes
 from ._stream import Position
 from ._transport import Packet, SharedSlots
 
@@ -71,7 +71,9 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
             start.is_fresh and self.persistent_workers and self._iterator is not None
         ):
             self._stop_workers()
-            slots = self._slots = SharedSlots(self.num_workers)
+            slots = self._slots = SharedSlots(
+                self.num_workers, slot_bytes=slot_bytes(dataset._batch_bytes())
+            )
         slots.begin(start.epoch if start.is_fresh else None)
         with dataset._iteration(self.num_workers, slots) as progress:
             packets = super().__iter__()

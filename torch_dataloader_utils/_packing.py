@@ -36,6 +36,7 @@ __all__ = [
     "chunk_parts",
     "run_sizes",
     "send",
+    "slot_bytes",
 ]
 
 # At most this many batches per packet, whatever fits in a slot.
@@ -43,6 +44,18 @@ _MAX_PACKET_BATCHES = 64
 
 # What a packet is made of: parts (chunks or batches), rows per batch, positions, is-last.
 Parts = tuple[list[Any], list[int] | list[dict[str, int]], list[Position], bool]
+
+
+# Shared memory per slot: at least this, and room for two batches, up to the cap (a larger
+# batch is shared by torch on its own, slower but whole).
+_MIN_SLOT_BYTES = 2 << 20
+_MAX_SLOT_BYTES = 256 << 20
+
+
+def slot_bytes(batch_bytes: int) -> int:
+    """Bytes per shared-memory slot for batches of about ``batch_bytes``: a power of two."""
+    wanted = min(_MAX_SLOT_BYTES, max(_MIN_SLOT_BYTES, 2 * batch_bytes))
+    return 1 << (wanted - 1).bit_length()
 
 
 def run_sizes(batch_bytes: int, slot_bytes: int) -> Iterator[int]:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ._config import DatasetConfig
-from ._convert import convert, converted_row_bytes
+from ._convert import convert
 from ._errors import DataSourceError
 from ._packing import batch_parts, chunk_parts, run_sizes, send
 from ._stream import Position, Run, StreamSource, read_stream, stream_chunks
@@ -49,7 +49,7 @@ class StreamReader:
     def packets(self, slots: SharedSlots, worker: int) -> Iterator[Packet]:
         """The stream as packets for ``StructuredDataLoader``; the last (maybe empty) ends it."""
         if self.config.transform is None and self.config.packing is None:
-            batch_bytes = self.config.batch_size * converted_row_bytes(self.source.index.schema)
+            batch_bytes = self.config.batch_bytes(self.source.index.schema)
             runs = self._runs(run_sizes(batch_bytes, slots.slot_bytes))
             # Tensors may view Arrow's buffers: packing copies them into the slot.
             parts = chunk_parts(runs, lambda run: self._converted(run, False))
@@ -67,7 +67,6 @@ class StreamReader:
             packing=packing,
             batch_size=self.config.batch_size,
             drop_last=self.config.drop_last,
-            start=self.start,
             skips=self.skips,
             end=self.source.total,
             describe=self.source.describe_at,

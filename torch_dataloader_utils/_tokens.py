@@ -108,21 +108,36 @@ class TokenPacking:
 
 @dataclass
 class _Pending:
-    """Tokens read but not yet in a batch, and the documents they come from (one entry per
-    row, empty ones too): its stream row, first token in ``tokens``, tokens skipped before."""
+    """Tokens read but not yet in a batch (the chunks' arrays, not joined: a batch is a view
+    of one unless it spans two), and the documents they come from (one entry per row, empty
+    ones too): its stream row, its first token, the tokens skipped before."""
 
-    tokens: npt.NDArray[Any]
+    parts: list[npt.NDArray[Any]]
     rows: IntArray
     starts: IntArray
     skipped: IntArray
 
+    @property
+    def size(self) -> int:
+        return sum(len(part) for part in self.parts)
+
     def extend(
         self, tokens: npt.NDArray[Any], rows: IntArray, starts: IntArray, skipped: IntArray
     ) -> None:
-        self.starts = np.concatenate([self.starts, starts + len(self.tokens)])
-        self.tokens = np.concatenate([self.tokens, tokens])
+        self.starts = np.concatenate([self.starts, starts + self.size])
+        self.parts.append(tokens)
         self.rows = np.concatenate([self.rows, rows])
         self.skipped = np.concatenate([self.skipped, skipped])
+
+    def tokens(self, lo: int, size: int) -> npt.NDArray[Any]:
+        """Pending tokens ``[lo, lo + size)``: a view, or a copy where they span parts."""
+        pieces = [self.parts[0][:0]]  # what an empty range is: no tokens of their type
+        for part in self.parts:
+            if lo < len(part) and size > 0:
+                pieces.append(part[lo : lo + size])
+                size -= len(pieces[-1])
+            lo = max(0, lo - len(part))
+        return pieces[-1] if len(pieces) <= 2 else np.concatenate(pieces)
 
     def starts_within(self, lo: int, size: int) -> IntArray:
         """Where documents start among pending tokens ``[lo, lo + size)``, from ``lo``."""
@@ -133,7 +148,7 @@ class _Pending:
     def position_after(self, end: int) -> TokenPosition:
         """The stream position once the first ``end`` pending tokens are delivered."""
         doc = int(np.searchsorted(self.starts, end, side="left")) - 1
-        last = int(self.starts[doc + 1]) if doc + 1 < len(self.starts) else len(self.tokens)
+        last = int(self.starts[doc + 1]) if doc + 1 < len(self.starts) else self.size
         row = int(self.rows[doc])
         if last == end:
             return TokenPosition(row + 1)
@@ -145,7 +160,7 @@ class _Pending:
         if doc < len(self.starts) and self.starts[doc] < end:
             self.skipped = self.skipped.copy()
             self.skipped[doc] += end - self.starts[doc]
-        self.tokens = self.tokens[end:]
+        self.parts = [self.tokens(end, self.size - end)]
         self.rows, self.skipped = self.rows[doc:], self.skipped[doc:]
         self.starts = np.maximum(self.starts[doc:] - end, 0)
 
@@ -156,13 +171,12 @@ def pack_tokens(
     packing: TokenPacking,
     batch_size: int,
     drop_last: bool,
-    start: int,
     skips: Mapping[int, int],
     end: int,
     describe: Any,
 ) -> Iterator[tuple[dict[str, Any], TokenPosition]]:
-    """Packed batches of numpy arrays from a stream's ``chunks`` (read from row ``start``),
-    each with the position after it.
+    """Packed batches of numpy arrays from a stream's ``chunks``, each with the position after
+    it.
 
     ``skips[row]`` tokens of stream row ``row`` were delivered before (a checkpoint's cut
     documents). The last full batch stands for the end of the stream (``end`` rows) when no
@@ -176,22 +190,23 @@ def pack_tokens(
         first = after - chunk.num_rows
         tokens, rows, starts, skipped = _documents(chunk, packing, first, skips, describe)
         if pending is None:
-            pending = _Pending(tokens[:0], rows[:0], starts[:0], skipped[:0])
+            pending = _Pending([], rows[:0], starts[:0], skipped[:0])
         pending.extend(tokens, rows, starts, skipped)
-        whole = len(pending.tokens) // need * need
+        whole = pending.size // need * need
         for lo in range(0, whole, need):
             if held is not None:
                 yield held
-            batch = _batch(pending.tokens[lo : lo + need], pending.starts_within(lo, need), seq_len)
+            batch = _batch(pending.tokens(lo, need), pending.starts_within(lo, need), seq_len)
             held = batch, pending.position_after(lo + need)
         if whole:
             pending.drop(whole)
-    rest = 0 if pending is None else len(pending.tokens)
+    rest = 0 if pending is None else pending.size
     if held is not None:
         yield held[0], (TokenPosition(end) if rest == 0 or drop_last else held[1])
     if rest and not drop_last and pending is not None:
-        tokens = np.full(-(-rest // seq_len) * seq_len, packing.pad_id, pending.tokens.dtype)
-        tokens[:rest] = pending.tokens
+        real = pending.tokens(0, rest)
+        tokens = np.full(-(-rest // seq_len) * seq_len, packing.pad_id, real.dtype)
+        tokens[:rest] = real
         starts = np.append(pending.starts_within(0, rest), rest)  # the padding: a part of its own
         yield _batch(tokens, starts, seq_len, real=rest), TokenPosition(end)
 
