@@ -14,7 +14,7 @@ import torch
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils._convert import JaggedArray, convert, converted_row_bytes
-from torch_dataloader_utils._packing import _lengths
+from torch_dataloader_utils._packets import _lengths
 from torch_dataloader_utils._transport import tensor_bytes
 
 ROWS = 600  # over two files

@@ -29,7 +29,7 @@ from torch_dataloader_utils import (
     UnsendableBatchError,
 )
 from torch_dataloader_utils import _reader as reader_module
-from torch_dataloader_utils._packing import _lengths
+from torch_dataloader_utils._packets import _lengths
 from torch_dataloader_utils._transport import Packet, SharedSlots, _Unjoined, pack
 
 FORK = {"multiprocessing_context": "fork"}  # workers inherit the test's monkeypatches

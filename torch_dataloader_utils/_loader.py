@@ -11,7 +11,7 @@ import torch.utils.data
 from ._dataset import StructuredDataset
 from ._epoch import Progress
 from ._errors import LostBatchesError, UnsendableBatchError
-from ._packing import WorkerFailure, slot_bytes
+from ._packets import WorkerFailure, slot_bytes
 from ._stream import Position
 from ._transport import Packet, SharedSlots
 

@@ -13,7 +13,7 @@ import torch
 from ._config import DatasetConfig
 from ._convert import convert
 from ._errors import DataSourceError
-from ._packing import batch_parts, chunk_parts, run_sizes, send
+from ._packets import batch_parts, chunk_parts, run_sizes, send
 from ._stream import Position, Run, StreamSource, read_stream, stream_chunks
 from ._tokens import pack_tokens
 from ._transport import Packet, SharedSlots
