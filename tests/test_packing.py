@@ -312,3 +312,21 @@ def test_numpy_output_and_large_list(tmp_path: Path) -> None:
     assert isinstance(batch["input_ids"], np.ndarray) and batch["input_ids"].dtype == np.int32
     assert batch["input_ids"].tolist() == [[1, 2], [3, 0], [0, 4], [5, 0]]
     assert batch["num_tokens"] == 8
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_even_batches_leaves_out_whole_documents_only(docs_dir: Path, lengths, num_workers):
+    """even_batches evens rows: fewer than world_size whole documents left out, the rest once,
+    and each rank resumes exactly."""
+    got: list[int] = []
+    for rank in range(3):
+        packed = case(docs_dir, shuffle=True, rank=rank, world_size=3, num_workers=num_workers)
+        full = _harness.run_epoch(packed)
+        _harness.assert_resume_exact(packed, len(full) // 2, full=full)
+        got += real_tokens(full)
+    missing = expected_tokens(lengths) - Counter(got)
+    assert not Counter(got) - expected_tokens(lengths)  # nothing twice
+    documents = {t // _SPAN for t in missing if t != SEP}
+    assert missing[SEP] < 3 and len(documents) <= missing[SEP]  # whole documents, < world_size
+    flat = [n for f in lengths for n in f]
+    assert sum(missing.values()) == sum(flat[d] for d in documents) + missing[SEP]
