@@ -28,6 +28,7 @@ def test_exports():
         "SchemaMismatchError",
         "StructuredDataLoader",
         "StructuredDataset",
+        "TokenPacking",
         "UnsendableBatchError",
     }
 
