@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torch_dataloader_utils import (
+    CheckpointMismatchError,
     DataSourceError,
     StructuredDataset,
     TokenPacking,
@@ -194,8 +195,6 @@ def test_resume_with_another_seq_len_continues_at_the_token(docs_dir: Path, leng
 
 
 def test_resume_with_another_separator_is_refused(docs_dir: Path) -> None:
-    from torch_dataloader_utils import CheckpointMismatchError
-
     state, _ = _harness.checkpoint_after(case(docs_dir), 4)
     other = case(docs_dir)
     other["packing"] = TokenPacking("tokens", seq_len=8, separator=0)
@@ -330,3 +329,33 @@ def test_even_batches_leaves_out_whole_documents_only(docs_dir: Path, lengths, n
     assert missing[SEP] < 3 and len(documents) <= missing[SEP]  # whole documents, < world_size
     flat = [n for f in lengths for n in f]
     assert sum(missing.values()) == sum(flat[d] for d in documents) + missing[SEP]
+
+
+def test_state_of_an_elastic_start_resumes_exactly(docs_dir: Path, lengths) -> None:
+    """state_dict() after an elastic load, before any batch: each new rank's own cut rows."""
+    base = case(docs_dir, shuffle=True, even_batches=False)
+    got: list[int] = []
+    old = []
+    for rank, k in enumerate((4, 7)):
+        state, batches = _harness.checkpoint_after({**base, "rank": rank, "world_size": 2}, k)
+        old.append(state)
+        got += real_tokens(batches)
+    for rank in range(3):
+        packed = {**base, "rank": rank, "world_size": 3}
+        loader, dataset = _harness.make_loader(packed)
+        loader.load_state_dict(old, elastic=True)
+        state = _harness.json_round_trip(dataset.state_dict())
+        continued = _harness.take(loader)
+        assert _harness.resume(packed, state) == continued
+        got += real_tokens(continued)
+    assert Counter(got) == expected_tokens(lengths)
+
+
+def test_a_cut_row_of_another_rank_is_refused(tmp_path: Path) -> None:
+    root = write_documents(tmp_path / "long", [[40] * 10])
+    packed = case(root, rank=0, world_size=2, even_batches=False)
+    state, _ = _harness.checkpoint_after(packed, 1)  # 24 of the first document's 41 tokens
+    assert not state["partial"] and len(state["tokens"]) == 1  # no row whole yet: a cut
+    state["_rank"] = 1  # rank 0's progress, presented as rank 1's
+    with pytest.raises(CheckpointMismatchError, match=r"row 0 is out of order"):
+        _harness.resume({**packed, "rank": 1}, state)
