@@ -8,6 +8,7 @@ from typing import Any
 
 import torch.utils.data
 
+from ._compat import ACCELERATE_PREPARED, accelerator_available, shutdown_workers
 from ._dataset import StructuredDataset
 from ._epoch import Progress
 from ._errors import LostBatchesError, UnsendableBatchError
@@ -35,10 +36,6 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
     """
 
     dataset: StructuredDataset
-    # Hugging Face Accelerate's `prepare` returns a loader carrying this flag as it is (and
-    # registers it); otherwise it rebuilds a plain DataLoader over the dataset that reads a batch
-    # ahead and never records what workers delivered (docs/trainers.md; tests/test_trainers.py).
-    _is_accelerate_prepared = True
 
     def __init__(self, dataset: StructuredDataset, **kwargs: Any) -> None:
         owned = sorted(set(kwargs) & set(_OWNED_BY_DATASET))
@@ -78,7 +75,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         with dataset._iteration(self.num_workers, slots) as progress:
             packets = super().__iter__()
         arrivals = _Arrivals(self, progress)
-        pin = self.pin_memory and torch.accelerator.is_available()
+        pin = self.pin_memory and accelerator_available()
         worker = progress.cursor
         failed = True
         try:
@@ -104,9 +101,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         is collected: collected later, inside a forked worker of another loader, it prints
         ``Exception ignored in _MultiProcessingDataLoaderIter.__del__``."""
         for iterator in (packets, self._iterator):
-            shutdown = getattr(iterator, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
+            shutdown_workers(iterator)
         self._iterator = None
 
     def __len__(self) -> int:
@@ -162,6 +157,12 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         (``StructuredDataset.restore_state_global``).
         """
         self.dataset.restore_state_global(state, src_rank=src_rank, elastic=elastic)
+
+
+# Accelerate's `prepare` then returns our loader as it is (and registers it) instead of
+# rebuilding a plain DataLoader over the dataset, which reads a batch ahead and never records
+# what workers delivered (docs/trainers.md; tests/test_trainers.py).
+setattr(StructuredDataLoader, ACCELERATE_PREPARED, True)
 
 
 _NOTHING = object()  # no batch of this worker yet

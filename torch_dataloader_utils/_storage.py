@@ -22,6 +22,7 @@ import fsspec
 import pyarrow as pa
 from fsspec.implementations.local import LocalFileSystem
 
+from ._compat import strip_protocol
 from ._errors import DataSourceError
 from ._log import log, some_names
 from ._remote import PieceReads, RemoteFile, RemoteObject
@@ -179,7 +180,7 @@ class Storage:
             raise DataSourceError(message) from (exc if message.endswith(str(exc)) else None)
 
     def _list_item(self, item: str, extensions: tuple[str, ...]) -> list[FileEntry]:
-        root = self.fs._strip_protocol(item)
+        root = strip_protocol(self.fs, item)
         if _GLOB_CHARS & set(item) and not self.fs.exists(root):  # an existing path is literal
             entries = self._glob(root)
         elif self.is_local and os.path.isdir(root):

@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ._compat import new_shared_storage, storage_use_count
 from ._convert import JaggedArray, is_jagged, jagged
 from ._stream import Position
 
@@ -57,11 +58,6 @@ class _Slab:
     dtype: torch.dtype
     shape: tuple[int, ...]
     numpy: bool
-
-
-def _use_count(storage: torch.UntypedStorage) -> int:
-    """How many tensors/storages share ``storage`` (PyTorch keeps no public accessor)."""
-    return int(torch._C._storage_Use_Count(storage._cdata))
 
 
 class SharedSlots:
@@ -90,9 +86,7 @@ class SharedSlots:
         # Allocated shared from the start: share_memory_() would allocate twice and copy.
         self.buffers = [
             [
-                torch.empty(0, dtype=torch.uint8).set_(
-                    torch.UntypedStorage._new_shared(slot_bytes)  # type: ignore[no-untyped-call]
-                )
+                torch.empty(0, dtype=torch.uint8).set_(new_shared_storage(slot_bytes))
                 for _ in range(slots)
             ]
             for _ in range(num_workers)
@@ -209,7 +203,7 @@ class SharedSlots:
         self._reclaim(worker)
         if sum(1 for w, _ in self._lent if w == worker) >= self.slots - 2:
             return False
-        self._lent[worker, slot] = _use_count(self.buffers[worker][slot].untyped_storage())
+        self._lent[worker, slot] = storage_use_count(self.buffers[worker][slot].untyped_storage())
         return True
 
     def free(self, worker: int, slot: int) -> None:
@@ -220,7 +214,7 @@ class SharedSlots:
         """Free the lent slots of ``worker`` whose views the training loop has dropped."""
         for key in [k for k in self._lent if k[0] == worker]:
             storage = self.buffers[key[0]][key[1]].untyped_storage()
-            if _use_count(storage) <= self._lent[key]:
+            if storage_use_count(storage) <= self._lent[key]:
                 del self._lent[key]
                 self.free(*key)
 

@@ -1,0 +1,45 @@
+"""The private APIs of other libraries this package uses (``_compat``) still work as used."""
+
+from __future__ import annotations
+
+import fsspec
+import torch
+
+from torch_dataloader_utils import StructuredDataLoader
+from torch_dataloader_utils._compat import (
+    ACCELERATE_PREPARED,
+    accelerator_available,
+    new_shared_storage,
+    shutdown_workers,
+    storage_use_count,
+    strip_protocol,
+)
+
+
+def test_shared_storage_and_its_use_count():
+    storage = new_shared_storage(4096)
+    assert storage.nbytes() == 4096 and storage.is_shared()
+    base = storage_use_count(storage)
+    view = torch.empty(0, dtype=torch.uint8).set_(storage)
+    assert storage_use_count(storage) == base + 1
+    del view
+    assert storage_use_count(storage) == base
+
+
+def test_shutdown_workers_stops_a_dataloader_iterator():
+    loader = torch.utils.data.DataLoader(range(8), num_workers=1)
+    it = iter(loader)
+    next(it)
+    shutdown_workers(it)
+    assert all(not worker.is_alive() for worker in it._workers)  # type: ignore[attr-defined]
+    shutdown_workers(object())  # nothing to stop: no error
+
+
+def test_strip_protocol_and_accelerator():
+    assert strip_protocol(fsspec.filesystem("memory"), "memory://bucket/x") == "/bucket/x"
+    assert accelerator_available() is False  # CPU-only CI
+
+
+def test_our_loader_carries_accelerate_prepared_flag():
+    # that `prepare` then returns it as it is: tests/test_trainers.py, under accelerate launch
+    assert getattr(StructuredDataLoader, ACCELERATE_PREPARED) is True

@@ -1,0 +1,53 @@
+"""Every private API of another library this package uses, in one place.
+
+Each is tested with the versions pinned in ``constraints.txt`` (torch 2.13.0, fsspec
+2026.9.0, accelerate 1.15.0); an upgrade that removes one breaks here, under its name, and
+``tests/test_compat.py`` says which.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ACCELERATE_PREPARED",
+    "accelerator_available",
+    "new_shared_storage",
+    "shutdown_workers",
+    "storage_use_count",
+    "strip_protocol",
+]
+
+# Hugging Face Accelerate's `prepare` returns an object with this attribute set as it is (and
+# registers it) instead of rebuilding a DataLoader over its dataset (accelerate 1.15).
+ACCELERATE_PREPARED = "_is_accelerate_prepared"
+
+
+def storage_use_count(storage: torch.UntypedStorage) -> int:
+    """How many tensors/storages share ``storage`` (torch keeps no public accessor)."""
+    return int(torch._C._storage_Use_Count(storage._cdata))
+
+
+def new_shared_storage(nbytes: int) -> torch.UntypedStorage:
+    """``nbytes`` of shared memory, allocated shared (``share_memory_()`` would copy)."""
+    storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+    return storage
+
+
+def shutdown_workers(iterator: Any) -> None:
+    """Stop a DataLoader iterator's worker processes now, if it has any."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def accelerator_available() -> bool:
+    """Whether an accelerator (CUDA, XPU, MPS, ...) is there to pin memory for."""
+    return bool(torch.accelerator.is_available())
+
+
+def strip_protocol(fs: Any, path: str) -> str:
+    """``path`` without its protocol, as the filesystem ``fs`` names it."""
+    return str(fs._strip_protocol(path))
