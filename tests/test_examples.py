@@ -131,3 +131,10 @@ def test_train_tiny_lm_on_packed_tokens(tmp_path: Path) -> None:
     line = summary(out, "train_tiny_lm")
     assert "59 steps of 4 x 64 tokens; crashed at step 23, resumed from step 20" in line
     assert "the same 39 batches, the same weights, 14858 tokens each trained on once" in line
+
+
+@pytest.mark.ddp
+def test_ddp_packed(tmp_path: Path) -> None:
+    line = summary(run_example("ddp_packed.py", tmp_path, ranks=2), "ddp_packed")
+    assert "saved at step 12, 4 lost; resumed identically" in line
+    assert "the rest after the common stop delivered elastically" in line
