@@ -7,6 +7,7 @@ Rows are a pure function of their id, so a rewritten copy is byte for byte the s
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import tempfile
@@ -34,8 +35,9 @@ def workdir(given: Path | None, name: str) -> Path:
 def run_distributed(job: Callable[[int, int], None]) -> int:
     """``job(rank, world_size)`` in a process group set up from torchrun's environment.
 
-    The group is destroyed after ``job`` has returned, so its DDP models and loaders are gone
-    first (destroyed while they still exist, a rank sometimes hung at exit).
+    The group is destroyed after ``job`` has returned and its DDP models and loaders are
+    collected (a DDP reducer outliving its gloo group sometimes hung the rank at exit, or
+    aborted it: "terminate called without an active exception"), every rank at once.
     """
     import torch.distributed as dist
 
@@ -44,6 +46,8 @@ def run_distributed(job: Callable[[int, int], None]) -> int:
     dist.init_process_group("gloo")  # CPU here; "nccl" on GPUs
     try:
         job(dist.get_rank(), dist.get_world_size())
+        gc.collect()  # DDP models in reference cycles, before their group goes
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0
