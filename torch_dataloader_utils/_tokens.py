@@ -13,7 +13,7 @@ Everything runs on whole chunks with numpy; no Python per row or per token.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,7 +173,7 @@ def pack_tokens(
     drop_last: bool,
     skips: Mapping[int, int],
     end: int,
-    describe: Any,
+    describe: Callable[[int], str],
 ) -> Iterator[tuple[dict[str, Any], TokenPosition]]:
     """Packed batches of numpy arrays from a stream's ``chunks``, each with the position after
     it.
@@ -216,7 +216,7 @@ def _documents(
     packing: TokenPacking,
     first: int,
     skips: Mapping[int, int],
-    describe: Any,
+    describe: Callable[[int], str],
 ) -> tuple[npt.NDArray[Any], IntArray, IntArray, IntArray]:
     """A chunk's tokens (separators inserted, skipped tokens removed), and per row: its stream
     row, its first token, the tokens skipped."""
