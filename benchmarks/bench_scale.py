@@ -92,8 +92,10 @@ def synthetic_footers(files: int, splits: int, rows: int) -> list[IndexedFile]:
         unit_rows = tuple(rows - jitter + (number * 7 + u * 13) % (2 * jitter + 1)
                           for u in range(per_file))  # fmt: skip
         meta = FileMetadata(SCHEMA, unit_rows, tuple(r * 12 for r in unit_rows))
-        path = f"s3://bucket/corpus/part-{number:07d}.parquet"
-        out.append(IndexedFile(path, path, f"{number * 0x9E3779B97F4A7C15 % 2**64:016x}", meta))
+        name = f"part-{number:07d}.parquet"
+        path = f"s3://bucket/corpus/{name}"
+        fingerprint = f"{number * 0x9E3779B97F4A7C15 % 2**64:016x}"
+        out.append(IndexedFile(path, path, name, fingerprint, meta))
     return out
 
 
@@ -102,7 +104,7 @@ def cut_index(files: list[IndexedFile]) -> DatasetIndex:
     unit), with what every rank derives from it once (split rows, digest, file groups)."""
     metas = [f.metadata for f in files]
     cut = cut_splits([m.unit_bytes for m in metas], [m.unit_rows for m in metas], 1)
-    index = DatasetIndex(tuple(files), tuple(cut), SCHEMA)
+    index = DatasetIndex(tuple(files), tuple(cut), SCHEMA, "s3://bucket/corpus")
     _ = index.split_rows, index.digest, index.file_groups()
     return index
 

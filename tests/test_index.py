@@ -36,6 +36,19 @@ def test_index_reads_footers_and_cuts_splits(tmp_path: Path):
     assert [(s.file, s.row_offset, s.row_length) for s in whole.splits] == [(0, 0, 100), (1, 0, 45)]
 
 
+def test_a_split_is_found_by_its_name_and_rows(tmp_path: Path):
+    write_dataset(tmp_path / "a", [100, 45], row_group_size=20)
+    write_dataset(tmp_path / "b", [60], row_group_size=7)
+    index = _index([str(p) for p in sorted(tmp_path.glob("*/*.parquet"))], split_bytes=1)
+    for number, split in enumerate(index.splits):
+        name = index.files[split.file].name
+        assert index.split_at(name, split.row_offset, split.row_length) == number
+        assert index.split_at(name, split.row_offset, split.row_length + 1) is None
+        assert index.split_at(name, split.row_offset + 1, split.row_length) is None
+    assert index.split_at("no/such.parquet", 0, 20) is None
+    assert index.split_at(index.files[0].name, 10**9, 20) is None
+
+
 def test_split_bytes_bound_compressed_row_group_bytes(tmp_path: Path):
     write_dataset(tmp_path, [400], row_group_size=10)
     index = _index(tmp_path)

@@ -13,6 +13,7 @@ names; with content fingerprints (``_footers``) a checkpoint resumes on it.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import os
@@ -99,15 +100,30 @@ class DatasetIndex:
         )
 
     @cached_property
-    def _splits_by_range(self) -> dict[tuple[str, int, int], int]:
-        return {
-            (self.files[s.file].name, s.row_offset, s.row_length): i
-            for i, s in enumerate(self.splits)
-        }
+    def _file_by_name(self) -> dict[str, int]:
+        return {f.name: i for i, f in enumerate(self.files)}
+
+    @cached_property
+    def _split_files(self) -> npt.NDArray[np.int64]:
+        """Every split's file, in split order (which sorts them)."""
+        return np.fromiter((s.file for s in self.splits), np.int64, len(self.splits))
 
     def split_at(self, path: str, row_offset: int, row_length: int) -> int | None:
-        """The split a state names by ``(path, row_offset, row_length)``, if there is one."""
-        return self._splits_by_range.get((path, row_offset, row_length))
+        """The split a state names by ``(path, row_offset, row_length)``, if there is one.
+
+        Splits are cut file by file, front to back, so a binary search finds it: a resume
+        costs a lookup per named split, not a dictionary of every split.
+        """
+        file = self._file_by_name.get(path)
+        if file is None:
+            return None
+        lo, hi = (int(i) for i in np.searchsorted(self._split_files, [file, file + 1]))
+        offsets = [s.row_offset for s in self.splits[lo:hi]]  # one file's splits
+        at = lo + bisect.bisect_left(offsets, row_offset)
+        split = self.splits[at] if at < hi else None
+        if split is None or (split.row_offset, split.row_length) != (row_offset, row_length):
+            return None
+        return at
 
     def describe(self, split: int) -> str:
         """``path rows [a, b)`` of split ``split``, as messages and states name it."""
