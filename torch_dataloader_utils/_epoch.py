@@ -77,23 +77,32 @@ class Progress:
         """Base, the rows ``even_batches`` left out, and every stream's delivered rows.
 
         What lies before each stream's current window changes only when a window ends, so it is
-        kept between calls: a call costs the windows in progress, not the epoch.
+        kept between calls: a call costs the windows in progress, not the epoch; and a stream's
+        window is recomputed only when its position moved (one stream per batch handed out).
         """
         settled: dict[int, int] = {}
         moving = [Pieces.empty()]
         for worker, position in self.positions.items():
-            pieces = self.shares[worker]
-            ends = pieces.ends
-            first = window_start(ends, self.settings.window, position)
-            settled[worker] = first
-            part = pieces.take(slice(first, first + self.settings.window))
-            if len(part):
-                counts = counts_at(part.rows, position - int(ends[first] - part.rows[0]))
-                taken = np.flatnonzero(counts)
-                moving.append(
-                    Pieces(part.splits[taken], part.lo[taken], part.lo[taken] + counts[taken])
-                )
+            settled[worker], part = self._window(worker, int(position))
+            moving.append(part)
         return self._settled(settled, split_rows).plus(Pieces.concat(moving), split_rows)
+
+    def _window(self, worker: int, position: int) -> tuple[int, Pieces]:
+        """The first piece of stream ``worker``'s window at ``position``, and the rows of the
+        window delivered by then (kept until the stream moves)."""
+        kept = self._cache.get(("window", worker))
+        if kept is not None and kept[0] == position:
+            return kept[1], kept[2]
+        pieces = self.shares[worker]
+        ends = pieces.ends
+        first = window_start(ends, self.settings.window, position)
+        part = pieces.take(slice(first, first + self.settings.window))
+        if len(part):
+            counts = counts_at(part.rows, position - int(ends[first] - part.rows[0]))
+            taken = np.flatnonzero(counts)
+            part = Pieces(part.splits[taken], part.lo[taken], part.lo[taken] + counts[taken])
+        self._cache["window", worker] = (position, first, part)
+        return first, part
 
     def _settled(self, firsts: dict[int, int], split_rows: IntArray) -> Consumed:
         """Base, left-out rows and every piece before each stream's window ``firsts[worker]``."""
