@@ -359,3 +359,26 @@ def test_a_cut_row_of_another_rank_is_refused(tmp_path: Path) -> None:
     state["_rank"] = 1  # rank 0's progress, presented as rank 1's
     with pytest.raises(CheckpointMismatchError, match=r"row 0 is out of order"):
         _harness.resume({**packed, "rank": 1}, state)
+
+
+def test_checkpoint_at_every_token_after_an_elastic_resume(tmp_path: Path) -> None:
+    """Batches of one token: some checkpoint falls where a document ends just before a row an
+    old rank cut mid-document; resuming from each one still delivers every token once."""
+    lengths = [[3, 0, 4, 2, 1, 3, 0, 2, 4, 1, 2, 3]]
+    root = write_documents(tmp_path / "docs", lengths, row_group=2)
+    base = case(root, seq_len=1, batch_size=1, even_batches=False, split_bytes=1)
+    before: list[int] = []
+    old = []
+    for rank, k in enumerate((2, 3)):
+        state, batches = _harness.checkpoint_after({**base, "rank": rank, "world_size": 2}, k)
+        old.append(state)
+        before += real_tokens(batches)
+    assert sum(len(s["tokens"]) for s in old) == 2  # both old ranks cut a document
+    one = {**base, "rank": 0, "world_size": 1}
+    elastic = _elastic_checkpoint(one, old, 0)[0]
+    rest = _harness.resume(one, elastic)
+    for k in range(len(rest) + 1):
+        state, first = _harness.checkpoint_after(one, k, state=elastic)
+        assert first == rest[:k]
+        assert _harness.resume(one, state) == rest[k:], f"after batch {k}"
+    assert Counter(before + real_tokens(rest)) == expected_tokens(lengths)

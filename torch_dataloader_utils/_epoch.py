@@ -123,9 +123,11 @@ class Progress:
         before that it has not reached."""
         cuts = {}
         for worker, position in self.positions.items():
-            later = {i: n for i, n in self.skips.get(worker, {}).items() if i > position}
-            if getattr(position, "tokens", 0):
-                later[position] = position.tokens  # type: ignore[attr-defined]
+            # A row cut before and not passed yet, the next one included: a batch may end just
+            # before it (position ``(row, 0)``), its delivered tokens still to be skipped.
+            later = {i: n for i, n in self.skips.get(worker, {}).items() if i >= position}
+            if isinstance(position, TokenPosition) and position.tokens:
+                later[position] = position.tokens  # at least the skip: tokens count from 0
             for row, count in later.items():
                 cuts[self._split_row(worker, row)] = count
         return cuts
