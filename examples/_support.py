@@ -7,6 +7,7 @@ Rows are a pure function of their id, so a rewritten copy is byte for byte the s
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import sys
@@ -32,8 +33,9 @@ def workdir(given: Path | None, name: str) -> Path:
     return given or Path(tempfile.gettempdir()) / "tdu-examples" / name
 
 
-def run_distributed(job: Callable[[int, int], None]) -> int:
-    """``job(rank, world_size)`` in a process group set up from torchrun's environment.
+def run_distributed(job: Callable[[Path | None, int, int], None], doc: str | None) -> int:
+    """``job(workdir, rank, world_size)`` in a process group set up from torchrun's
+    environment; ``--workdir`` from the command line (``doc``'s first line is its help).
 
     The group is destroyed after ``job`` has returned and its DDP models and loaders are
     collected (a DDP reducer outliving its gloo group sometimes hung the rank at exit, or
@@ -41,11 +43,14 @@ def run_distributed(job: Callable[[int, int], None]) -> int:
     """
     import torch.distributed as dist
 
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--workdir", type=Path, help="where to write data and checkpoints")
+    args = parser.parse_args()
     if "RANK" not in os.environ:
         raise SystemExit(f"run under torchrun: torchrun --nproc_per_node=2 {sys.argv[0]}")
     dist.init_process_group("gloo")  # CPU here; "nccl" on GPUs
     try:
-        job(dist.get_rank(), dist.get_world_size())
+        job(args.workdir, dist.get_rank(), dist.get_world_size())
         gc.collect()  # DDP models in reference cycles, before their group goes
         dist.barrier()
     finally:

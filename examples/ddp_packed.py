@@ -25,7 +25,6 @@ separators included, exactly once.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 from collections import Counter
@@ -141,12 +140,5 @@ def run(given: Path | None, rank: int, world_size: int) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, help="where to write data and checkpoints")
-    args = parser.parse_args(argv)
-    return run_distributed(lambda rank, world_size: run(args.workdir, rank, world_size))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_distributed(run, __doc__))

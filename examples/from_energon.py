@@ -36,7 +36,6 @@ exactly as that rank's uninterrupted run; and the ranks together must deliver ev
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -136,12 +135,5 @@ def run(given_workdir: Path | None, rank: int, world_size: int) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, help="where to write data and checkpoints")
-    args = parser.parse_args(argv)
-    return run_distributed(lambda rank, world_size: run(args.workdir, rank, world_size))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_distributed(run, __doc__))

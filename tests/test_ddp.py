@@ -15,12 +15,7 @@ validation, and the errors outside an initialised process group.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -30,6 +25,8 @@ from typing import Any
 import pytest
 import torch
 from _harness import make_loader
+from _launch import free_port, run_logged
+from _launch import torchrun as launch_torchrun
 from conftest import TOTAL_ROWS
 
 from torch_dataloader_utils import (
@@ -50,41 +47,17 @@ Batches = list[list[int]]
 # ----------------------------------------------------------------------------- launching
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def torchrun(nproc: int, job: dict[str, Any], workdir: Path) -> tuple[int, str]:
     """Run ``ddp_job.py`` under torchrun; ``(return code, log)``. The whole tree dies on timeout."""
     job_file = workdir / f"{job['phase']}-job.json"
     job_file.write_text(json.dumps({**job, "dir": str(workdir)}))
-    log_file = workdir / f"{job['phase']}.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS), str(JOB_SCRIPT.parent), *sys.path]),
-        "GLOO_SOCKET_IFNAME": "lo",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-    }
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-        "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "--monitor_interval=0.2",
-        str(JOB_SCRIPT), str(job_file),
-    ]  # fmt: skip
-    with log_file.open("w") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir,
-            start_new_session=True,
-        )  # fmt: skip
-        try:
-            code = proc.wait(timeout=LAUNCH_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise AssertionError(f"torchrun timed out:\n{log_file.read_text()[-4000:]}") from None
-    return code, log_file.read_text()
+    return run_logged(
+        [*launch_torchrun(nproc, JOB_SCRIPT), str(job_file)],
+        log_file=workdir / f"{job['phase']}.log",
+        cwd=workdir,
+        pythonpath=[str(TESTS), str(JOB_SCRIPT.parent)],
+        timeout=LAUNCH_TIMEOUT,
+    )
 
 
 def results(workdir: Path, phase: str, nproc: int) -> list[dict[str, Any]]:
@@ -386,7 +359,7 @@ def solo_group() -> Iterator[None]:
     """A one-rank gloo process group in this process, on a free 127.0.0.1 port."""
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", _free_port(), 1, is_master=True, wait_for_workers=False)
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True, wait_for_workers=False)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         yield

@@ -8,14 +8,11 @@ with 2 ranks (gloo on 127.0.0.1, a free port, ``GLOO_SOCKET_IFNAME=lo``), as ``t
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _launch import run_logged, torchrun
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 TIMEOUT = 180
@@ -23,50 +20,20 @@ TIMEOUT = 180
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    """torchrun starts each rank in a session of its own: SIGTERM lets it stop them first."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def run_example(
     name: str, workdir: Path, *, ranks: int = 0, args: tuple[str, ...] | list[str] = ()
 ) -> str:
     """Run ``examples/<name>`` (under torchrun when ``ranks``); its output, after exit 0."""
-    script = [str(EXAMPLES / name), "--workdir", str(workdir), *args]
-    launcher = [
-        "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--nnodes=1",
-        "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "--monitor_interval=0.2",
-    ] if ranks else []  # fmt: skip
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(EXAMPLES.parent), *sys.path]),
-        "GLOO_SOCKET_IFNAME": "lo",
-        "OMP_NUM_THREADS": "1",
-    }
-    log = workdir / f"{name}.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, *launcher, *script], stdout=sink, stderr=subprocess.STDOUT,
-            text=True, env=env, cwd=workdir, start_new_session=True,
-        )  # fmt: skip
-        try:
-            proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            _stop(proc)
-            raise AssertionError(f"{name} timed out:\n{log.read_text()[-4000:]}") from None
-    out = log.read_text()
-    assert proc.returncode == 0, f"{name} failed ({proc.returncode}):\n{out[-4000:]}"
+    script = EXAMPLES / name
+    launcher = torchrun(ranks, script) if ranks else [sys.executable, str(script)]
+    code, out = run_logged(
+        [*launcher, "--workdir", str(workdir), *args],
+        log_file=workdir / f"{name}.log",
+        cwd=workdir,
+        pythonpath=[str(EXAMPLES.parent)],
+        timeout=TIMEOUT,
+    )
+    assert code == 0, f"{name} failed ({code}):\n{out[-4000:]}"
     return out
 
 

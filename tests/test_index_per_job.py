@@ -9,12 +9,7 @@ not once per rank. The rest of the file tests ``from_rank_zero`` without a launc
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -24,6 +19,7 @@ import pyarrow as pa
 import pytest
 from _data import rows_table, write_dataset
 from _faultproxy import FaultProxy
+from _launch import run_logged, torchrun
 from _s3server import S3Env, s3_fixture, s3_server_fixture, storage_options  # noqa: F401
 
 from torch_dataloader_utils import _distributed, _index
@@ -38,42 +34,19 @@ FILES = 8
 ROWS = 40  # per file, row groups of 10
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _torchrun(job: dict[str, Any], workdir: Path, pythonpath: str) -> None:
     """Launch ``index_job.py`` on ``RANKS`` local ranks; the tree dies on timeout."""
     job_file = workdir / "job.json"
     job_file.write_text(json.dumps({**job, "dir": str(workdir)}))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([pythonpath, str(TESTS), *sys.path]),
-        "GLOO_SOCKET_IFNAME": "lo",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-        "TDU_INDEX_CACHE": "0",  # a cold start: every footer from storage
-    }
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={RANKS}", "--nnodes=1",
-        "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "--monitor_interval=0.2",
-        str(JOB_SCRIPT), str(job_file),
-    ]  # fmt: skip
-    log = workdir / "torchrun.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen(
-            cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=workdir,
-            start_new_session=True,
-        )  # fmt: skip
-        try:
-            code = proc.wait(timeout=240)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise AssertionError(f"torchrun timed out:\n{log.read_text()[-4000:]}") from None
-    assert code == 0, f"torchrun failed ({code}):\n{log.read_text()[-4000:]}"
+    code, log = run_logged(
+        [*torchrun(RANKS, JOB_SCRIPT), str(job_file)],
+        log_file=workdir / "torchrun.log",
+        cwd=workdir,
+        pythonpath=[pythonpath, str(TESTS)],
+        timeout=240,
+        env={"TDU_INDEX_CACHE": "0"},  # a cold start: every footer from storage
+    )
+    assert code == 0, f"torchrun failed ({code}):\n{log[-4000:]}"
 
 
 def launch(s3: S3Env, workdir: Path, pythonpath: str) -> tuple[dict[str, Counter[str]], list[Any]]:

@@ -20,9 +20,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -32,6 +29,8 @@ from typing import Any
 import pytest
 import torch
 from _harness import make_loader
+from _launch import free_port, run_logged
+from _launch import torchrun as launch_torchrun
 from conftest import TOTAL_ROWS
 
 TESTS = Path(__file__).parent
@@ -53,37 +52,18 @@ def _require(module: str) -> None:
 # ----------------------------------------------------------------------------- launching
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def launch(cmd: list[str], job: dict[str, Any], workdir: Path) -> tuple[int, str]:
     """Run ``cmd`` + the job file; ``(return code, log)``. The whole tree dies on timeout."""
     job_file = workdir / f"{job['phase']}-job.json"
     job_file.write_text(json.dumps({**job, "dir": str(workdir)}))
-    log_file = workdir / f"{job['phase']}.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path]),
-        "HF_HOME": str(workdir / "hf_home"),  # no user's default accelerate config
-        "GLOO_SOCKET_IFNAME": "lo",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-    }
-    with log_file.open("w") as log:
-        proc = subprocess.Popen(
-            [*cmd, str(job_file)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir,
-            start_new_session=True,
-        )  # fmt: skip
-        try:
-            code = proc.wait(timeout=LAUNCH_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise AssertionError(f"{cmd[2]} timed out:\n{log_file.read_text()[-4000:]}") from None
-    return code, log_file.read_text()
+    return run_logged(
+        [*cmd, str(job_file)],
+        log_file=workdir / f"{job['phase']}.log",
+        cwd=workdir,
+        pythonpath=[str(TESTS)],
+        timeout=LAUNCH_TIMEOUT,
+        env={"HF_HOME": str(workdir / "hf_home")},  # no user's default accelerate config
+    )
 
 
 def accelerate_launch(nproc: int) -> list[str]:
@@ -91,7 +71,7 @@ def accelerate_launch(nproc: int) -> list[str]:
     return [
         sys.executable, "-m", "accelerate.commands.launch", f"--num_processes={nproc}",
         "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no",
-        "--main_process_ip=127.0.0.1", f"--main_process_port={_free_port()}",
+        "--main_process_ip=127.0.0.1", f"--main_process_port={free_port()}",
         *(["--multi_gpu", "--monitor_interval=0.2"] if nproc > 1 else []),
         str(ACCELERATE_JOB),
     ]  # fmt: skip
@@ -99,11 +79,7 @@ def accelerate_launch(nproc: int) -> list[str]:
 
 def torchrun(nproc: int) -> list[str]:
     """``torchrun`` of ``FABRIC_JOB`` on ``nproc`` processes."""
-    return [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
-        "--monitor_interval=0.2", str(FABRIC_JOB),
-    ]  # fmt: skip
+    return launch_torchrun(nproc, FABRIC_JOB)
 
 
 def reports(workdir: Path, phase: str, nproc: int) -> list[dict[str, Any]]:

@@ -1,0 +1,70 @@
+"""Launching multi-process jobs from tests: torchrun on 127.0.0.1, a log, no orphan on timeout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+# What every launched job gets: gloo over loopback, one thread per process, quiet warnings.
+JOB_ENV = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(nproc: int, script: Path | str) -> list[str]:
+    """``python -m torch.distributed.run`` of ``script`` on ``nproc`` local ranks."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--monitor_interval=0.2",
+        str(script),
+    ]  # fmt: skip
+
+
+def run_logged(
+    cmd: Sequence[str],
+    *,
+    log_file: Path,
+    cwd: Path,
+    pythonpath: Sequence[str],
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, str]:
+    """Run ``cmd`` with its output in ``log_file``; ``(return code, log)``. On timeout it is
+    stopped (ranks included) and the log's tail raised."""
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([*pythonpath, *sys.path]),
+        **JOB_ENV,
+        **(env or {}),
+    }
+    with log_file.open("w") as log:
+        proc = subprocess.Popen(
+            list(cmd), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            raise AssertionError(f"{cmd} timed out:\n{log_file.read_text()[-4000:]}") from None
+    return code, log_file.read_text()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """torchrun starts each rank in a session of its own: SIGTERM lets it stop them first;
+    then the whole group is killed."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
