@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,15 +103,20 @@ def _private_index_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("TDU_CACHE_DIR", str(tmp_path / "index-cache"))
 
 
-@pytest.fixture
-def memory_files() -> Iterator[tuple[str, list[bytes]]]:
+def _in_memory(write: Callable[[int], bytes], ext: str) -> Iterator[tuple[str, list[bytes]]]:
+    """``FILES`` files written by ``write(i)`` under a fresh ``memory://`` root, then removed."""
     fs = fsspec.filesystem("memory")
     root = f"/tdu-ahead-{uuid.uuid4().hex}"
-    datas = [_parquet(i) for i in range(FILES)]
+    datas = [write(i) for i in range(FILES)]
     for i, data in enumerate(datas):
-        fs.pipe(f"{root}/part-{i}.parquet", data)
+        fs.pipe(f"{root}/part-{i}.{ext}", data)
     yield f"memory://{root}", datas
     fs.rm(root, recursive=True)
+
+
+@pytest.fixture
+def memory_files() -> Iterator[tuple[str, list[bytes]]]:
+    yield from _in_memory(_parquet, "parquet")
 
 
 def _ids(dataset: StructuredDataset) -> list[int]:
@@ -191,13 +196,7 @@ def test_resume_mid_piece_fetches_only_what_is_left(
 
 @pytest.fixture
 def memory_ipc_files() -> Iterator[tuple[str, list[bytes]]]:
-    fs = fsspec.filesystem("memory")
-    root = f"/tdu-ahead-ipc-{uuid.uuid4().hex}"
-    datas = [_ipc(i) for i in range(FILES)]
-    for i, data in enumerate(datas):
-        fs.pipe(f"{root}/part-{i}.arrow", data)
-    yield f"memory://{root}", datas
-    fs.rm(root, recursive=True)
+    yield from _in_memory(_ipc, "arrow")
 
 
 def _ipc_layout(data: bytes) -> tuple[int, list[tuple[int, int, int]]]:
