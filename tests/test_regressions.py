@@ -19,7 +19,7 @@ from _data import rows_table, write_dataset, write_parquet
 
 from torch_dataloader_utils import CheckpointMismatchError, InvalidStateError, StructuredDataset
 from torch_dataloader_utils._distributed import scatter_states
-from torch_dataloader_utils._stream import prefetch
+from torch_dataloader_utils._prefetch import prefetch
 
 
 def test_recursive_glob_skips_hidden_and_underscore_directories(tmp_path: Path):
@@ -95,6 +95,35 @@ def test_abandoned_prefetch_leaves_no_thread_behind():
     while time.monotonic() < deadline and _prefetch_threads():
         time.sleep(0.05)
     assert _prefetch_threads() == 0
+
+
+def test_an_iterator_abandoned_in_a_cycle_leaves_no_reader_running_at_exit(tmp_path: Path):
+    """An error mid-epoch left the iterator in a reference cycle, freed only during interpreter
+    finalization; its producer thread then died inside pyarrow's C++ and the process aborted
+    ("terminate called without an active exception", SIGABRT) about half the time.
+
+    The hook below is registered before the library is imported, so it runs after the
+    library's own exit hook and sees what finalization would meet.
+    """
+    script = textwrap.dedent(
+        f"""
+        import atexit, threading
+        atexit.register(lambda: print("running at exit:", sum(
+            t.name == "tdu-prefetch" and t.is_alive() for t in threading.enumerate())))
+        import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+        from torch_dataloader_utils import StructuredDataset
+        path = {str(tmp_path / "a.parquet")!r}
+        pq.write_table(pa.table({{"x": np.arange(200_000)}}), path, row_group_size=1_000)
+        loader, _ = StructuredDataset.create_dataloader(path, batch_size=10)
+        it = iter(loader)
+        next(it)
+        cycle = [it]
+        cycle.append(cycle)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().splitlines()[-1] == "running at exit: 0"
 
 
 def _prefetch_threads() -> int:

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import queue
-import threading
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,13 +26,13 @@ from ._formats import FileFormat
 from ._index import DatasetIndex, IndexedFile
 from ._interleave import counts_at, mixing_order
 from ._plan import Pieces
+from ._prefetch import prefetch
 from ._remote import WINDOW, Group, Key, PieceReads, ReadAhead, RemoteObject, plan_groups
 from ._storage import Storage
 
-__all__ = ["Position", "Run", "StreamSource", "prefetch", "read_stream", "stream_chunks"]
+__all__ = ["Position", "Run", "StreamSource", "read_stream", "stream_chunks"]
 
 Position = int
-T = TypeVar("T")
 
 # Rows per decoded chunk, at least this many whatever the row width.
 _MIN_CHUNK_ROWS = 256
@@ -425,48 +423,3 @@ def _head(chunks: list[pa.RecordBatch], rows: int) -> list[pa.RecordBatch]:
         kept.append(chunk.slice(0, rows))
         rows -= chunk.num_rows
     return kept
-
-
-_END = object()
-
-
-def prefetch(items: Iterator[T], depth: int) -> Iterator[T]:
-    """Run ``items`` in a background thread, ``depth`` ahead; errors re-raise in the consumer.
-
-    Arrow decoding releases the GIL, so the next chunks decode while the consumer converts
-    and trains on the current one.
-    """
-    buffer: queue.Queue[Any] = queue.Queue(depth)
-    stop = threading.Event()
-
-    def put(entry: tuple[Any, BaseException | None]) -> bool:
-        """Hand ``entry`` over unless the consumer has gone; never block past that."""
-        while not stop.is_set():
-            try:
-                buffer.put(entry, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put((item, None)):
-                    return
-            put((_END, None))
-        except BaseException as exc:  # re-raised in the consumer thread
-            put((_END, exc))
-
-    thread = threading.Thread(target=produce, name="tdu-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, error = buffer.get()
-            if error is not None:
-                raise error
-            if item is _END:
-                return
-            yield item
-    finally:
-        stop.set()
