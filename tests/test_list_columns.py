@@ -13,9 +13,15 @@ import pytest
 import torch
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils._convert import JaggedArray, convert, converted_row_bytes
+from torch_dataloader_utils._convert import (
+    JaggedArray,
+    JaggedTensorParts,
+    convert,
+    converted_row_bytes,
+    is_jagged,
+)
 from torch_dataloader_utils._packets import _lengths
-from torch_dataloader_utils._transport import tensor_bytes
+from torch_dataloader_utils._transport import SharedSlots, pack, tensor_bytes
 
 ROWS = 600  # over two files
 ITEMS = {
@@ -174,6 +180,26 @@ def test_batch_lengths_and_bytes_count_rows_not_values():
         batch = convert(pa.record_batch({"c": array}), output, copy=False)
         assert _lengths([batch]) == [{"c": 3}]
         assert tensor_bytes(batch) == 4 * 8 + 4 * 8 + 2 * 64
+
+
+@pytest.mark.parametrize("items", [[pa.int32(), pa.int32()], [pa.int32(), pa.int64()]])
+def test_worker_form_arrives_as_nested_tensors(items):
+    """A worker converts list columns to values + offsets (no nested tensor); the main process
+    builds one per batch from the slot, or, for parts of different item types, from each."""
+    parts = [
+        convert(pa.record_batch({"c": pa.array(rows, pa.list_(kind))}), "torch", copy=False,
+                nested=False)
+        for rows, kind in zip([[[1, 2], [3]], [[], [4, 5, 6]]], items, strict=True)
+    ]  # fmt: skip
+    assert all(isinstance(p["c"], JaggedTensorParts) for p in parts)
+    slots = SharedSlots(1)
+    packet = pack(slots, 0, 0, parts, _lengths(parts), [2, 4], last=True)
+    (a, _), (b, _) = packet.unpack(slots)
+    assert is_jagged(a["c"]) and is_jagged(b["c"])
+    assert [r.tolist() for r in a["c"].unbind()] == [[1, 2], [3]]
+    assert [r.tolist() for r in b["c"].unbind()] == [[], [4, 5, 6]]
+    assert (a["c"].dtype, b["c"].dtype) == tuple(torch.from_numpy(
+        np.empty(0, k.to_pandas_dtype())).dtype for k in items)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- loaders

@@ -302,6 +302,34 @@ def test_packed_dataset_has_no_len(docs_dir: Path) -> None:
         len(dataset)
 
 
+@pytest.mark.parametrize("output", ["torch", "numpy"])
+def test_workers_deliver_the_same_batches_as_the_main_process(docs_dir: Path, output) -> None:
+    """Workers leave position_ids to the main process (from cu_seqlens): same values, dtype,
+    shape and key order as batches packed in the main process."""
+
+    def epoch(num_workers: int) -> list[dict[str, Any]]:
+        options = {k: v for k, v in case(docs_dir, output=output).items() if k != "path"}
+        loader, _ = StructuredDataset.create_dataloader(
+            str(docs_dir), num_workers=num_workers, **options
+        )
+        return [
+            {k: v if isinstance(v, int) else np.asarray(v) for k, v in batch.items()}
+            for batch in loader
+        ]
+
+    alone, with_workers = epoch(0), epoch(2)
+    assert len(alone) == len(with_workers) > 2
+    # batches of both workers, in the loader's order: compare as multisets of batches
+    key = lambda b: b["input_ids"].tobytes()  # noqa: E731
+    for mine, theirs in zip(sorted(alone, key=key), sorted(with_workers, key=key), strict=True):
+        assert list(mine) == list(theirs) == ["input_ids", "position_ids", "cu_seqlens",
+                                              "num_tokens"]  # fmt: skip
+        for name in ("input_ids", "position_ids", "cu_seqlens"):
+            assert mine[name].dtype == theirs[name].dtype
+            np.testing.assert_array_equal(mine[name], theirs[name])
+        assert mine["num_tokens"] == theirs["num_tokens"]
+
+
 def test_numpy_output_and_large_list(tmp_path: Path) -> None:
     table = pa.table({"t": pa.array([[1, 2, 3], [], [4, 5]], pa.large_list(pa.int32()))})
     pq.write_table(table, tmp_path / "a.parquet")

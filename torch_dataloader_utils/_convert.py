@@ -58,6 +58,7 @@ from torch.utils.dlpack import from_dlpack
 __all__ = [
     "OUTPUTS",
     "JaggedArray",
+    "JaggedTensorParts",
     "convert",
     "converted_row_bytes",
     "is_jagged",
@@ -97,13 +98,30 @@ class JaggedArray:
         return [self[row].tolist() for row in range(len(self))]
 
 
+@dataclass(frozen=True, eq=False)
+class JaggedTensorParts:
+    """A list column's values tensor and ``int64`` offsets from 0, not yet a nested tensor:
+    what a DataLoader worker writes into shared memory (the main process builds the nested
+    tensor of each batch from the slot, so the worker does not build one per chunk)."""
+
+    values: torch.Tensor
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def nested(self) -> torch.Tensor:
+        return jagged(self.values, torch.from_numpy(self.offsets))
+
+
 def is_jagged(value: object) -> bool:
     """Is ``value`` a ``torch.jagged`` nested tensor?"""
     return isinstance(value, torch.Tensor) and value.layout == torch.jagged
 
 
-def convert(batch: pa.RecordBatch, output: str, *, copy: bool) -> Any:
-    """``batch`` as ``output``; ``copy`` when Arrow's buffers must not back writable tensors."""
+def convert(batch: pa.RecordBatch, output: str, *, copy: bool, nested: bool = True) -> Any:
+    """``batch`` as ``output``; ``copy`` when Arrow's buffers must not back writable tensors;
+    ``nested=False``: torch list columns as ``JaggedTensorParts``."""
     if output == "arrow":
         return batch
     names = batch.schema.names
@@ -117,7 +135,7 @@ def convert(batch: pa.RecordBatch, output: str, *, copy: bool) -> Any:
     columns = zip(names, batch.columns, strict=True)
     if output == "numpy":
         return {name: _array(column, name) for name, column in columns}
-    return {name: _tensor(column, name, copy) for name, column in columns}
+    return {name: _tensor(column, name, copy, nested) for name, column in columns}
 
 
 def warm_up(schema: pa.Schema, output: str) -> None:
@@ -155,12 +173,13 @@ def _fixed_bytes(kind: pa.DataType) -> int:
     return 0
 
 
-def _tensor(array: pa.Array, name: str, copy: bool) -> Any:
+def _tensor(array: pa.Array, name: str, copy: bool, nested: bool = True) -> Any:
     array = _decoded(array)
     parts = _list_parts(array, name)
     if parts is not None:
         values, offsets = parts
-        return jagged(_tensor(values, name, copy), torch.from_numpy(offsets))
+        joined = JaggedTensorParts(_tensor(values, name, copy), offsets)
+        return joined.nested() if nested else joined
     flat = _fixed_width(array, name)
     if flat is None:
         if pat.is_string(array.type) or pat.is_large_string(array.type):

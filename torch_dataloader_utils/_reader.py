@@ -15,8 +15,8 @@ from ._convert import convert
 from ._errors import DataSourceError
 from ._packets import batch_parts, chunk_parts, run_sizes, send
 from ._stream import Position, Run, StreamSource, read_stream, stream_chunks
-from ._tokens import pack_tokens
-from ._transport import Packet, SharedSlots
+from ._tokens import pack_tokens, positions_from_bounds
+from ._transport import Derived, Packet, SharedSlots
 
 __all__ = ["StreamReader"]
 
@@ -51,14 +51,22 @@ class StreamReader:
         if self.config.transform is None and self.config.packing is None:
             batch_bytes = self.config.batch_bytes(self.source.index.schema)
             runs = self._runs(run_sizes(batch_bytes, slots.slot_bytes))
-            # Tensors may view Arrow's buffers: packing copies them into the slot.
-            parts = chunk_parts(runs, lambda run: self._converted(run, False))
+            # Tensors may view Arrow's buffers: packing copies them into the slot; list
+            # columns become nested tensors in the main process, batch by batch.
+            parts = chunk_parts(runs, lambda run: self._converted(run, False, nested=False))
+        elif self.config.transform is None:  # packed: position_ids made in the main process
+            packed = self._packed(0, position_ids=Derived(_position_ids))
+            parts = batch_parts(packed, slots.slot_bytes)
         else:
             parts = batch_parts(self.batches(copy=False), slots.slot_bytes)
         return send(parts, slots, worker)
 
-    def _packed(self, read_ahead: int) -> Iterator[tuple[Any, Position]]:
-        """Packed batches of token sequences (``_tokens``), in the output type."""
+    def _packed(
+        self, read_ahead: int, position_ids: object = None
+    ) -> Iterator[tuple[Any, Position]]:
+        """Packed batches of token sequences (``_tokens``), in the output type; a worker sends
+        ``position_ids`` as ``Derived``: they are twice the bytes of the tokens, and cheap to
+        make again from ``cu_seqlens``."""
         packing = self.config.packing
         assert packing is not None
         chunks = stream_chunks(self.source, start=self.start, min_rows=1, read_ahead=read_ahead)
@@ -70,6 +78,7 @@ class StreamReader:
             skips=self.skips,
             end=self.source.total,
             describe=self.source.describe_at,
+            position_ids=position_ids,
         )
         for arrays, position in packed:
             if self.config.output == "torch":
@@ -87,10 +96,11 @@ class StreamReader:
             read_ahead=read_ahead,
         )
 
-    def _converted(self, run: Run, copy: bool) -> list[Any]:
+    def _converted(self, run: Run, copy: bool, *, nested: bool = True) -> list[Any]:
         """``run``'s chunks in the output type; a value error names the splits they came from."""
+        output = self.config.output
         try:
-            return [convert(chunk, self.config.output, copy=copy) for chunk in run.chunks]
+            return [convert(chunk, output, copy=copy, nested=nested) for chunk in run.chunks]
         except UnicodeDecodeError as exc:  # bytes no writer produces: the file is damaged
             where = self.source.describe_at(run.positions[-1])
             raise DataSourceError(
@@ -100,6 +110,13 @@ class StreamReader:
         except ValueError as exc:
             where = self.source.describe_at(run.positions[-1])
             raise ValueError(f"split {where}: {exc}") from exc
+
+
+def _position_ids(batch: dict[str, Any]) -> Any:
+    """A packed batch's ``position_ids``, from its ``cu_seqlens``, as its ``input_ids``."""
+    tokens, bounds = batch["input_ids"], batch["cu_seqlens"]
+    positions = positions_from_bounds(np.asarray(bounds), tokens.shape[1])
+    return torch.from_numpy(positions) if isinstance(tokens, torch.Tensor) else positions
 
 
 def _tensor(value: Any) -> Any:

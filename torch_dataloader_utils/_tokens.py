@@ -24,7 +24,7 @@ import pyarrow.types as pat
 
 from ._errors import DataSourceError
 
-__all__ = ["TokenPacking", "TokenPosition", "pack_tokens"]
+__all__ = ["TokenPacking", "TokenPosition", "pack_tokens", "positions_from_bounds"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -174,9 +174,11 @@ def pack_tokens(
     skips: Mapping[int, int],
     end: int,
     describe: Callable[[int], str],
+    position_ids: object = None,
 ) -> Iterator[tuple[dict[str, Any], TokenPosition]]:
     """Packed batches of numpy arrays from a stream's ``chunks``, each with the position after
-    it.
+    it; ``position_ids``, when given, stands in every batch for the array (which
+    ``positions_from_bounds`` computes from the batch's ``cu_seqlens`` later).
 
     ``skips[row]`` tokens of stream row ``row`` were delivered before (a checkpoint's cut
     documents). The last full batch stands for the end of the stream (``end`` rows) when no
@@ -196,7 +198,9 @@ def pack_tokens(
         for lo in range(0, whole, need):
             if held is not None:
                 yield held
-            batch = _batch(pending.tokens(lo, need), pending.starts_within(lo, need), seq_len)
+            batch = _batch(
+                pending.tokens(lo, need), pending.starts_within(lo, need), seq_len, position_ids
+            )
             held = batch, pending.position_after(lo + need)
         if whole:
             pending.drop(whole)
@@ -208,7 +212,7 @@ def pack_tokens(
         tokens = np.full(-(-rest // seq_len) * seq_len, packing.pad_id, real.dtype)
         tokens[:rest] = real
         starts = np.append(pending.starts_within(0, rest), rest)  # the padding: a part of its own
-        yield _batch(tokens, starts, seq_len, real=rest), TokenPosition(end)
+        yield _batch(tokens, starts, seq_len, position_ids, real=rest), TokenPosition(end)
 
 
 def _documents(
@@ -255,7 +259,11 @@ def _documents(
 
 
 def _batch(
-    tokens: npt.NDArray[Any], starts: IntArray, seq_len: int, real: int | None = None
+    tokens: npt.NDArray[Any],
+    starts: IntArray,
+    seq_len: int,
+    position_ids: object = None,
+    real: int | None = None,
 ) -> dict[str, Any]:
     """One batch of ``tokens`` (whole sequences; after the first ``real``, padding) whose
     documents start at ``starts``: its parts are the documents cut at sequence boundaries."""
@@ -263,13 +271,24 @@ def _batch(
     parts = np.concatenate((starts, np.arange(0, size, seq_len)))
     parts.sort()
     bounds = np.append(parts[np.append(True, parts[1:] != parts[:-1])], size)
-    positions = _arange(size) - np.repeat(bounds[:-1], bounds[1:] - bounds[:-1])
     return {
         "input_ids": tokens.reshape(-1, seq_len),
-        "position_ids": positions.reshape(-1, seq_len),
+        "position_ids": positions_from_bounds(bounds, seq_len)
+        if position_ids is None
+        else position_ids,
         "cu_seqlens": bounds.astype(np.int32),
         "num_tokens": size if real is None else real,
     }
+
+
+def positions_from_bounds(bounds: npt.NDArray[Any], seq_len: int) -> IntArray:
+    """``position_ids`` (``int64``, rows x ``seq_len``) of a batch whose parts are bounded by
+    ``bounds`` (its ``cu_seqlens``): each token's place in its part."""
+    bounds = bounds.astype(np.int64, copy=False)
+    size = int(bounds[-1])
+    positions = np.repeat(bounds[:-1], bounds[1:] - bounds[:-1])
+    np.subtract(_arange(size), positions, out=positions)
+    return positions.reshape(-1, seq_len)
 
 
 @functools.lru_cache(maxsize=4)

@@ -27,7 +27,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +36,10 @@ import pyarrow as pa
 import torch
 
 from ._compat import new_shared_storage, storage_use_count
-from ._convert import JaggedArray, is_jagged, jagged
+from ._convert import JaggedArray, JaggedTensorParts, is_jagged, jagged
 from ._stream import Position
 
-__all__ = ["Packet", "SharedSlots", "pack", "tensor_bytes"]
+__all__ = ["Derived", "Packet", "SharedSlots", "pack", "tensor_bytes"]
 
 _ALIGN = 64
 _FREE, _BUSY = 0, 1
@@ -265,7 +265,7 @@ class Packet:
                 for key, value in self.payload.items()
             }
             for i in range(len(self.positions)):
-                yield {key: parts[i] for key, parts in columns.items()}
+                yield _completed({key: parts[i] for key, parts in columns.items()}, pin)
 
     def _slot_view(self, slots: SharedSlots) -> Any:
         return lambda slab: slots.view(self.worker, self.slot, slab)
@@ -338,6 +338,8 @@ def _join(values: list[Any], view: Any, offset: int, end: int) -> tuple[Any, int
     jagged = _jagged_parts(values)
     if jagged is not None:
         return _join_jagged(*jagged, view, offset, end)
+    if isinstance(first, JaggedTensorParts):  # items of different types: one value per batch
+        return _Unjoined([v.nested() for v in values]), offset
     numeric = isinstance(first, torch.Tensor) or (
         isinstance(first, np.ndarray) and first.dtype != object
     )
@@ -371,8 +373,10 @@ class _Jagged:
 
 def _jagged_parts(values: list[Any]) -> tuple[list[Any], list[np.ndarray], bool] | None:
     """Values and offsets of parts that are all jagged alike; ``None`` otherwise."""
-    if all(isinstance(v, JaggedArray) for v in values):
-        parts, offsets, is_numpy = [v.values for v in values], [v.offsets for v in values], True
+    kinds = {type(v) for v in values}
+    if kinds == {JaggedArray} or kinds == {JaggedTensorParts}:
+        parts, offsets = [v.values for v in values], [v.offsets for v in values]
+        is_numpy = kinds == {JaggedArray}
     elif all(is_jagged(v) for v in values):
         parts, offsets = [v.values() for v in values], [v.offsets().numpy() for v in values]
         is_numpy = False
@@ -426,10 +430,32 @@ def _uniform(values: list[Any]) -> bool:
 
 
 @dataclass(frozen=True)
+class Derived:
+    """A column a worker leaves for the main process to compute from the rest of its batch,
+    when that is cheaper than sending it (``build`` is pickled by reference)."""
+
+    build: Callable[[dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
 class _Unjoined:
     """A column whose per-batch values could not be joined; kept one per batch."""
 
     values: list[Any]
+
+
+def _completed(batch: dict[str, Any], pin: bool) -> dict[str, Any]:
+    """``batch`` with its ``Derived`` columns computed (pinned if ``pin``), in their places."""
+    if not any(isinstance(value, Derived) for value in batch.values()):
+        return batch
+    done = {}
+    for key, value in batch.items():
+        if isinstance(value, Derived):
+            value = value.build(batch)
+            if pin and isinstance(value, torch.Tensor):
+                value = value.pin_memory()
+        done[key] = value
+    return done
 
 
 def _cut(value: Any, lengths: list[int], view: Any, lend: bool, pin: bool) -> list[Any]:
