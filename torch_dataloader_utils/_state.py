@@ -3,6 +3,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import itertools
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -356,10 +357,10 @@ def _split_of(key: Sequence[Any], index: DatasetIndex) -> int:
     return split
 
 
-def _split_key(split: int, index: DatasetIndex) -> list[Any]:
+def _split_key(split: int, index: DatasetIndex) -> tuple[Any, ...]:
     s = index.splits[split]
     f = index.files[s.file]
-    return [f.name, s.row_offset, s.row_length, f.fingerprint]
+    return f.name, s.row_offset, s.row_length, f.fingerprint
 
 
 def _intervals(bounds: list[int], length: int, entry: object, done: bool) -> Intervals:
@@ -392,8 +393,10 @@ def misplaced(split: str, settings: Settings, worker: int | None) -> CheckpointM
 
 
 def _partial_rows(partial: Mapping[int, Intervals], index: DatasetIndex) -> list[list[Any]]:
+    """``[*split key, [lo, hi, lo, hi, ...]]`` per split in progress (hundreds per call with
+    many workers and wide shuffle windows: kept to one list per entry)."""
     return [
-        [*_split_key(split, index), [v for pair in ranges for v in pair]]
+        [*_split_key(split, index), list(itertools.chain.from_iterable(ranges))]
         for split, ranges in sorted(partial.items())
     ]
 
