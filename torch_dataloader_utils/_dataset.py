@@ -40,7 +40,8 @@ _READ_AHEAD = 2
 
 @dataclass(frozen=True)
 class Iteration:
-    """What an iteration's workers start from: where, and the slots to pack into (our loader)."""
+    """The iteration our loader is starting: where it starts, and the slots its workers pack
+    into (``None`` without workers). Worker copies of the dataset carry it."""
 
     start: Start
     slots: SharedSlots | None = None
@@ -130,9 +131,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             even_batches=self._world_size > 1 if even_batches is None else bool(even_batches),
         )
         self._loader_workers: int | None = None  # the num_workers of our loader, once known
-        self._loader_iterating = False  # our loader (num_workers=0) is starting an iteration
         self._start = Start.fresh(0, len(index.splits))
-        self._handoff: Iteration | None = None  # what worker copies start from
+        self._handoff: Iteration | None = None  # the iteration our loader is starting
         self._progress: Progress | None = None
         self._resumed = False
 
@@ -284,13 +284,17 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         return self._epochs.batches(self._start, self._loader_workers or 0)
 
     def __iter__(self) -> Iterator[Any]:
-        if self._loader_workers is not None and not (self._loader_iterating or self._handoff):
+        handoff = self._handoff
+        if self._loader_workers is not None and handoff is None:
             raise RuntimeError(_NOT_OUR_LOADER)
         worker = detect_worker()
         if worker is None:  # main process: this iteration consumes the loaded start
+            if handoff is not None:  # the one our loader (num_workers=0) has begun
+                assert self._progress is not None
+                return self._deliver(0, self._progress, read_ahead=_READ_AHEAD)
             with self._iteration(0) as progress:  # no worker to hand it to
                 return self._deliver(0, progress, read_ahead=_READ_AHEAD)
-        iteration = self._handoff or Iteration(self._start)
+        iteration = handoff or Iteration(self._start)
         start = iteration.start
         if iteration.slots is not None and (epoch := iteration.slots.fresh_epoch()) is not None:
             start = Start.fresh(epoch, len(self._epochs.index.splits))  # persistent worker
@@ -299,6 +303,13 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             return self._reader(progress, worker[0]).packets(iteration.slots, worker[0])
         self._progress = progress
         return self._deliver(worker[0], progress)
+
+    # ----------------------------------------------------------------- our loader's side
+
+    def _attach_loader(self, num_workers: int) -> None:
+        """Our loader's ``num_workers`` (``len()`` and states count its streams); from now on
+        only iterations it begins (``_iteration``) may read this dataset."""
+        self._loader_workers = num_workers
 
     def _batch_bytes(self) -> int:
         """About how many bytes a batch holds (to size our loader's shared memory)."""
@@ -311,7 +322,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     @contextmanager
     def _iteration(self, num_workers: int, slots: SharedSlots | None = None) -> Iterator[Progress]:
-        """Main process: the progress of the iteration whose workers start inside the block.
+        """Main process: the progress of the iteration that starts inside the block (its
+        workers forked there, or, without workers, the ``iter()`` the DataLoader calls there).
 
         Validates the start for ``num_workers`` and logs what even_batches leaves out; after
         the block, later iterations start the epoch afresh unless a state is loaded again.
@@ -333,6 +345,11 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             progress.positions[worker] = position
             progress.cursor = 0
             yield batch
+
+    def _describe_stream(self, progress: Progress, worker: int, position: int) -> str:
+        """The split(s) of stream ``worker`` that hold the rows just before ``position``."""
+        source = self._reader(progress, worker).source
+        return source.describe_at(position) if source.total else "an empty share"
 
     def _reader(self, progress: Progress, worker: int) -> StreamReader:
         config = self._epochs.config

@@ -45,16 +45,13 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
                 f"pass batch_size/shuffle/drop_last to StructuredDataset or create_dataloader"
             )
         super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
-        dataset._loader_workers = self.num_workers
+        dataset._attach_loader(self.num_workers)
         self._slots: SharedSlots | None = None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self.num_workers == 0:
-            self.dataset._loader_iterating = True  # the DataLoader calls iter(dataset) at once
-            try:
+            with self.dataset._iteration(0):  # the DataLoader calls iter(dataset) at once
                 return super().__iter__()
-            finally:
-                self.dataset._loader_iterating = False
         return self._unpacked()
 
     def _unpacked(self) -> Iterator[Any]:
@@ -262,9 +259,7 @@ class _Arrivals:
         )
 
     def _describe(self, worker: int, position: Position) -> str:
-        """The split(s) of ``worker``'s stream holding the rows just before ``position``."""
-        source = self._loader.dataset._reader(self._progress, worker).source
-        return source.describe_at(position) if source.total else "an empty share"
+        return self._loader.dataset._describe_stream(self._progress, worker, position)
 
 
 _NOTHING_RECORDED = (
