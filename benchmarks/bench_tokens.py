@@ -138,7 +138,9 @@ def packed_epoch(loader: Any, rows: int, count: bool = False) -> tuple[int, int]
     return rows, tokens - rows
 
 
-def steady(epoch: Callable[[Any], tuple[int, int]], data: str, **options: Any) -> Callable:
+def steady(
+    epoch: Callable[[Any], tuple[int, int]], data: str, **options: Any
+) -> Callable[[], tuple[int, int]]:
     """One more epoch of a loader with 2 persistent workers, made (and run once) untimed: the
     steady state of a long run, where workers start once."""
     loader, _ = StructuredDataset.create_dataloader(

@@ -30,7 +30,7 @@ from torch_dataloader_utils import (
 )
 from torch_dataloader_utils import _reader as reader_module
 from torch_dataloader_utils._packets import _lengths
-from torch_dataloader_utils._transport import Packet, SharedSlots, _Unjoined, pack
+from torch_dataloader_utils._transport import Derived, Packet, SharedSlots, _Unjoined, pack
 
 FORK = {"multiprocessing_context": "fork"}  # workers inherit the test's monkeypatches
 
@@ -266,6 +266,26 @@ def test_pack_keeps_scalars_one_per_batch() -> None:
     assert packet.payload["n"] == _Unjoined([3, 2]) and packet.seq == 4
     (a, _), (b, _) = packet.unpack(slots)
     assert a["n"] == 3 and b["n"] == 2 and b["id"].tolist() == [3, 4]
+
+
+def _twice_id(batch: dict[str, Any]) -> torch.Tensor:
+    return batch["id"] * 2
+
+
+@pytest.mark.parametrize("same_keys", [True, False])
+def test_derived_columns_are_computed_on_arrival_whatever_the_packet_form(same_keys) -> None:
+    """A column a worker leaves to the main process never reaches the loop as a placeholder:
+    in a joined packet, or in one of batches as they were (dicts with differing keys)."""
+    slots = SharedSlots(1)
+    extra = {} if same_keys else {"only_here": 1}
+    parts = [
+        {"id": torch.arange(3), "twice": Derived(_twice_id), **extra},
+        {"id": torch.arange(3, 5), "twice": Derived(_twice_id)},
+    ]
+    packet = pack(slots, 0, 0, parts, _lengths(parts), [3, 5], last=True)
+    (a, _), (b, _) = packet.unpack(slots)
+    assert list(a)[:2] == ["id", "twice"]
+    assert a["twice"].tolist() == [0, 2, 4] and b["twice"].tolist() == [6, 8]
 
 
 # ---------------------------------------------------------------------------- after an error

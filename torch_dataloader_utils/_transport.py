@@ -252,8 +252,8 @@ class Packet:
                 slots.free(self.worker, self.slot)
 
     def _batches(self, slots: SharedSlots, lend: bool, pin: bool) -> Iterator[Any]:
-        if self.lengths is None:
-            yield from self.payload
+        if self.lengths is None:  # batches as they were (dicts of differing keys, ...)
+            yield from (_completed(b, pin) if isinstance(b, dict) else b for b in self.payload)
         elif isinstance(self.payload, pa.RecordBatch):
             offset = 0
             for length in self.lengths:
