@@ -201,6 +201,17 @@ def assert_resume_exact(
 # ---------------------------------------------------------------------------- reads
 
 
+def join_read_ahead() -> None:
+    """Wait for the read-ahead threads of abandoned iterators (they stop after one item)."""
+    import gc
+
+    from torch_dataloader_utils import _prefetch
+
+    gc.collect()
+    for _, thread in list(_prefetch._running):
+        thread.join(10)
+
+
 def count_decoded_rows(monkeypatch: Any, fmt: str) -> list[tuple[int, int]]:
     """Record ``(first unit, rows decoded)`` of every ``read_units`` call of format ``fmt``."""
     from torch_dataloader_utils._formats import get_format

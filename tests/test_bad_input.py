@@ -109,7 +109,7 @@ def mid_state(parquet_dir: Path, small_split: int):
     case = {"path": str(parquet_dir), "batch_size": 10, "split_bytes": small_split,
             "shuffle": True, "shuffle_seed": 4, "num_workers": 2}  # fmt: skip
     state, _ = _harness.checkpoint_after(case, 7)
-    assert state["partial"], "the fixture needs a split in progress"
+    assert all(entry[0] for entry in state["streams"]), "the fixture needs streams in progress"
     return case, state
 
 
@@ -119,26 +119,22 @@ def _load(case, state):
     return loader
 
 
-def _with_done(state, bits: np.ndarray) -> dict:
-    packed = base64.b64encode(zlib.compress(np.packbits(bits).tobytes())).decode()
-    return {**state, "done": packed}
-
-
 @pytest.mark.parametrize(
     ("edit", "match"),
     [
         (lambda s: s.update(version=99), r"unknown state version 99"),
         (lambda s: s.pop("version"), r"unknown state version None"),
-        (lambda s: s.pop("done"), r"state has no key 'done'"),
+        (lambda s: s.pop("streams"), r"state has no key 'streams'"),
         (lambda s: s.pop("_num_workers"), r"state has no key '_num_workers'"),
         (lambda s: s.update(epoch="0"), r"state key 'epoch' must be int, got str"),
         (lambda s: s.update(epoch=True), r"state key 'epoch' must be int, got bool"),
-        (lambda s: s.update(done="!!not base64!!"), r"state key 'done' is corrupted"),
-        (lambda s: s.update(done="AAAA"), r"state key 'done' is corrupted"),
-        (lambda s: s.update(done=s["done"][:-8] + "AAAAAA=="), r"state key 'done' is corrupted"),
-        (lambda s: s["partial"].append([1, 2]), r"partial entry \[1, 2\]"),
-        (lambda s: s["partial"][0].__setitem__(4, [0, 0]), r"delivered rows out of range"),
-        (lambda s: s.update(base={"done": ""}), r"state key 'base'"),
+        (lambda s: s["streams"].append([1, 2]), r"state key 'streams\[2\]'"),
+        (lambda s: s["streams"].append([0, 0, 0]), r"'streams' holds 3 entries"),
+        (lambda s: s["streams"][0].__setitem__(0, 10**9), r"state key 'streams\[0\]'"),
+        (lambda s: s["streams"][0].__setitem__(1, -1), r"state key 'streams\[0\]'"),
+        (lambda s: s.update(generations=[[1, 2, False, "!!", ""]]), r"'generations\[0\]"),
+        (lambda s: s.update(generations=[[1, 2, False, "AAAA", ""]]), r"'generations\[0\]"),
+        (lambda s: s.update(generations={"a": 1}), r"'generations' must be list"),
     ],
 )
 def test_corrupted_state_names_the_key(mid_state, edit, match):
@@ -148,12 +144,6 @@ def test_corrupted_state_names_the_key(mid_state, edit, match):
     with pytest.raises(InvalidStateError, match=match):
         _load(case, bad)
     assert _harness.resume(case, state)  # the good state still loads
-
-
-def test_bitmap_of_the_wrong_length_is_corrupted(mid_state):
-    case, state = mid_state
-    with pytest.raises(InvalidStateError, match=r"'done' is corrupted: expected \d+ split bits"):
-        _load(case, _with_done(state, np.zeros(state["num_splits"] + 9, dtype=bool)))
 
 
 def test_a_list_or_non_dict_is_not_a_state(mid_state):
@@ -182,7 +172,7 @@ def test_changed_setting_is_named_with_both_values(mid_state, field, new):
     error = _mismatch(case, state, **{field: new})
     assert f"{field} changed: checkpoint={old!r}, current={new!r}" in str(error)
     assert (error.field, error.expected, error.found) == (field, old, new)
-    name, offset, length = state["partial"][0][:3]  # a name below the dataset root
+    name, offset, length = state["streams"][0][3:6]  # a name below the dataset root
     assert error.split == f"{state['files']['root']}/{name} rows [{offset}, {offset + length})"
     assert error.split in str(error)
 
@@ -263,15 +253,15 @@ def test_removed_file_is_drift(tmp_path: Path):
 
 
 def test_edited_progress_out_of_order_is_refused(mid_state):
-    """A done bitmap that skips a worker's first pieces is refused, never trusted."""
+    """A stream entry whose rows or split the plan does not have is refused, never trusted."""
     case, state = mid_state
-    order = epoch_order(state["num_splits"], case["shuffle_seed"], 0, True)
-    bits = np.zeros(state["num_splits"], dtype=bool)
-    bits[int(order[-1])] = True  # the last piece dealt done, nothing before it
-    with pytest.raises(CheckpointMismatchError, match="out of order") as info:
-        loader = _load(case, {**_with_done(state, bits), "partial": []})
-        _harness.take(loader)
-    assert "Likely cause:" in str(info.value)
+    first, second = state["streams"][0], state["streams"][1]
+    for edited in ([*first[:2], first[2] + 1, *first[3:]], [*first[:3], *second[3:]]):
+        bad = copy.deepcopy(state)
+        bad["streams"][0] = edited
+        with pytest.raises(CheckpointMismatchError, match="out of order") as info:
+            _harness.take(_load(case, bad))
+        assert "Likely cause:" in str(info.value)
 
 
 # ---------------------------------------------------------------------------- errors mid-epoch

@@ -19,15 +19,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torch_dataloader_utils._plan import (
-    Consumed,
     EpochPlan,
+    Generation,
     Pieces,
     Split,
     cut_splits,
     deal,
     epoch_order,
-    merge_intervals,
-    remaining_pieces,
 )
 from torch_dataloader_utils._world import World
 
@@ -61,51 +59,12 @@ def _rows_of(pieces: Pieces) -> list[tuple[int, int]]:
     ]
 
 
-def _rows_of_consumed(consumed: Consumed, split_rows: np.ndarray) -> set[tuple[int, int]]:
-    rows = {(s, r) for s in np.flatnonzero(consumed.done).tolist() for r in range(split_rows[s])}
-    rows |= {(s, r) for s, ranges in consumed.partial.items() for lo, hi in ranges
-             for r in range(lo, hi)}  # fmt: skip
-    return rows
-
-
-def _assert_normalised(consumed: Consumed, split_rows: np.ndarray) -> None:
-    """Partial splits are not done, their intervals merged, non-empty, within, not all rows."""
-    for s, ranges in consumed.partial.items():
-        assert not consumed.done[s], f"split {s} both done and partial"
-        assert ranges, f"split {s} partial without rows"
-        assert merge_intervals(ranges) == ranges
-        # merged intervals never touch: (0, 3), (3, 5) is (0, 5)
-        assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))
-        assert ranges[0][0] >= 0 and ranges[-1][1] <= split_rows[s]
-        assert ranges != ((0, int(split_rows[s])),), f"split {s} fully covered but not done"
-
-
 @st.composite
-def consumed_of(draw: st.DrawFn, split_rows: list[int]) -> Consumed:
-    """A normalised ``Consumed``: some splits done, some with random delivered rows."""
-    done = np.zeros(len(split_rows), dtype=bool)
-    partial = {}
-    for s, rows in enumerate(split_rows):
-        kind = draw(st.sampled_from(["none", "done", "partial"]))
-        if kind == "done":
-            done[s] = True
-        elif kind == "partial":
-            mask = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
-            ranges = merge_intervals((r, r + 1) for r in range(rows) if mask[r])
-            if ranges == ((0, rows),):
-                done[s] = True
-            elif ranges:
-                partial[s] = ranges
-    return Consumed(done, partial)
-
-
-@st.composite
-def epochs(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, Consumed]:
-    """``(split_rows, order, base)`` of a random epoch."""
+def epochs(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
+    """``(split_rows, order)`` of a random epoch."""
     split_rows = draw(st.lists(st.integers(1, 12), max_size=25))
-    base = draw(consumed_of(split_rows))
     order = epoch_order(len(split_rows), draw(st.integers(0, 100)), 0, draw(st.booleans()))
-    return _ints(split_rows), order, base
+    return _ints(split_rows), order
 
 
 # ---------------------------------------------------------------------------- cut_splits
@@ -241,88 +200,6 @@ def test_rows_range_cuts_the_concatenation(items, data):
         assert (part.hi > part.lo).all()
 
 
-def test_remaining_pieces_example():
-    split_rows = _ints([10, 10, 10, 6])
-    done = np.array([False, True, False, False])
-    base = Consumed(done, {2: ((0, 3), (5, 7)), 3: ((2, 6),)})
-    pieces = remaining_pieces(_ints([2, 0, 1, 3]), base, split_rows)
-    assert _triples(pieces) == [(2, 3, 5), (2, 7, 10), (0, 0, 10), (3, 0, 2)]
-    nothing = remaining_pieces(_ints([1, 0]), Consumed.nothing(2), _ints([4, 5]))
-    assert (nothing.splits.tolist(), nothing.lo.tolist(), nothing.hi.tolist()) == (
-        [1, 0], [0, 0], [5, 4],
-    )  # fmt: skip
-
-
-@given(epochs())
-def test_remaining_pieces_are_the_undelivered_rows_in_order(epoch):
-    split_rows, order, base = epoch
-    pieces = remaining_pieces(order, base, split_rows)
-    delivered = _rows_of_consumed(base, split_rows)
-    expected = [(s, r) for s in order.tolist() for r in range(split_rows[s])
-                if (s, r) not in delivered]  # fmt: skip
-    assert _rows_of(pieces) == expected
-    assert (pieces.hi > pieces.lo).all()
-
-
-# ---------------------------------------------------------------------------- Consumed
-
-
-def test_consumed_plus_normalises():
-    split_rows = _ints([10, 10, 10])
-    c = Consumed.nothing(3)
-    assert c.is_empty() and c.done.tolist() == [False] * 3
-    # Adjacent and overlapping ranges merge.
-    c = c.plus(Pieces(_ints([1, 1, 1]), _ints([0, 3, 5]), _ints([3, 6, 8])), split_rows)
-    assert c.done.tolist() == [False] * 3 and c.partial == {1: ((0, 8),)}
-    assert not c.is_empty()
-    # A whole piece makes a split done at once; completing a partial split makes it done too.
-    c = c.plus(Pieces(_ints([0, 1]), _ints([0, 8]), _ints([10, 10])), split_rows)
-    assert c.done.tolist() == [True, True, False] and c.partial == {}
-    # Rows of a done split change nothing.
-    assert c.plus(Pieces(_ints([0]), _ints([2]), _ints([5])), split_rows).partial == {}
-
-
-def test_consumed_plus_ignores_empty_pieces():
-    split_rows = _ints([10, 10])
-    c = Consumed.nothing(2).plus(Pieces(_ints([1]), _ints([4]), _ints([4])), split_rows)
-    assert c.partial == {} and c.is_empty()
-
-
-def test_consumed_union_normalises():
-    split_rows = _ints([10, 10, 10, 10])
-    a = Consumed(np.array([True, False, False, False]), {1: ((0, 4),), 2: ((1, 2),)})
-    b = Consumed(np.array([False, False, False, True]), {1: ((4, 10),), 2: ((5, 6),)})
-    u = a.union(b, split_rows)
-    assert u.done.tolist() == [True, True, False, True]
-    assert u.partial == {2: ((1, 2), (5, 6))}
-    assert a.union(Consumed.nothing(4), split_rows).partial == a.partial
-    assert Consumed.nothing(4).union(a, split_rows).partial == a.partial
-
-
-@given(st.data())
-def test_consumed_plus_and_union_are_set_unions(data):
-    split_rows = data.draw(st.lists(st.integers(1, 10), min_size=1, max_size=8))
-    rows = _ints(split_rows)
-    a = data.draw(consumed_of(split_rows))
-    b = data.draw(consumed_of(split_rows))
-    u = a.union(b, rows)
-    _assert_normalised(u, rows)
-    assert _rows_of_consumed(u, rows) == _rows_of_consumed(a, rows) | _rows_of_consumed(b, rows)
-    items = data.draw(st.lists(
-        st.integers(0, len(split_rows) - 1).flatmap(
-            lambda s: st.tuples(st.just(s), st.integers(0, split_rows[s]),
-                                st.integers(0, split_rows[s]))
-        ), max_size=10,
-    ))  # fmt: skip
-    items = [(s, min(x, y), max(x, y)) for s, x, y in items if x != y]
-    pieces = Pieces(
-        _ints([i[0] for i in items]), _ints([i[1] for i in items]), _ints([i[2] for i in items])
-    )
-    p = a.plus(pieces, rows)
-    _assert_normalised(p, rows)
-    assert _rows_of_consumed(p, rows) == _rows_of_consumed(a, rows) | set(_rows_of(pieces))
-
-
 # ---------------------------------------------------------------------------- dealing
 
 
@@ -336,14 +213,14 @@ def _streams(plan: EpochPlan, world_size: int, workers: int) -> list[Pieces]:
 
 @given(epochs(), st.integers(1, 5), st.integers(0, 3), st.booleans())
 def test_deal_is_balanced_and_lossless(epoch, world_size, num_workers, even):
-    split_rows, order, base = epoch
-    plan = EpochPlan.build(
-        epoch=0, order=order, base=base, split_rows=split_rows, world_size=world_size,
+    split_rows, order = epoch
+    plan = EpochPlan.first(
+        epoch=0, order=order, split_rows=split_rows, world_size=world_size,
         num_workers=num_workers, even=even,
     )  # fmt: skip
     workers = max(1, num_workers)
     streams = world_size * workers
-    sequence = _rows_of(remaining_pieces(order, base, split_rows))
+    sequence = [(int(s), r) for s in order for r in range(split_rows[s])]
     total = len(sequence)
     shares = _streams(plan, world_size, workers)
     sizes = [int(p.rows.sum()) for p in shares]
@@ -374,9 +251,72 @@ def test_deal_is_balanced_and_lossless(epoch, world_size, num_workers, even):
     dealt = [row for pieces in shares for row in _rows_of(pieces)]
     assert dealt + left_out == sequence
     everything = {(s, r) for s in range(len(split_rows)) for r in range(split_rows[s])}
-    remaining = everything - _rows_of_consumed(base, split_rows)
     assert len(set(dealt + left_out)) == len(dealt + left_out)
-    assert set(dealt + left_out) == remaining
+    assert set(dealt + left_out) == everything
+
+
+def _rows_through(plan: EpochPlan, stream: int) -> list[tuple[int, int]]:
+    """``(split, row)`` of every row stream ``stream`` of ``plan`` reads, in order (a later
+    deal's stream reads rows of the previous deal's streams)."""
+    pieces = plan.stream_share(stream)
+    if plan.previous is None:
+        return _rows_of(pieces)
+    return [row for g, lo, hi in _triples(pieces) for row in _rows_through(plan.previous, g)[lo:hi]]
+
+
+@given(epochs(), st.data())
+def test_elastic_deals_are_exactly_the_rows_not_delivered(epoch, data):
+    """A chain of deals (elastic resumes): each deals anew, once each, exactly the rows its
+    predecessor's streams had not delivered, its left-out rows included."""
+    split_rows, order = epoch
+    world, workers, even = data.draw(st.integers(1, 4)), data.draw(st.integers(0, 3)), True
+    plan = EpochPlan.first(epoch=0, order=order, split_rows=split_rows, world_size=world,
+                           num_workers=workers, even=even)  # fmt: skip
+    delivered: list[tuple[int, int]] = []
+    for _ in range(data.draw(st.integers(1, 3))):
+        shares = plan.deal.shares.tolist()
+        positions = [data.draw(st.integers(0, n)) for n in shares]
+        tokens = [data.draw(st.integers(0, 3)) if p < n else 0
+                  for p, n in zip(positions, shares, strict=True)]  # fmt: skip
+        for g, p in enumerate(positions):
+            delivered += _rows_through(plan, g)[:p]
+        generation = Generation(world, workers, even, _ints(positions), _ints(tokens))
+        world, workers = data.draw(st.integers(1, 4)), data.draw(st.integers(0, 3))
+        even = data.draw(st.booleans())
+        following = plan.then(generation, world_size=world, num_workers=workers, even=even)
+        # The cut rows of the old streams are the rows the new deal skips tokens of.
+        rest = [row for g in range(plan.deal.streams + 1) for row in _rows_through(plan, g)[
+            positions[g] if g < plan.deal.streams else 0:]]  # fmt: skip
+        sequence = [row for g in range(following.deal.streams + 1)
+                    for row in _rows_through(following, g)]  # fmt: skip
+        assert sequence == rest
+        cut = {}
+        for g, p in enumerate(positions):
+            if tokens[g]:
+                cut[_rows_through(plan, g)[p]] = tokens[g]
+        assert {sequence[row]: n for row, n in following.skips.items()
+                if sequence[row] in cut} == cut  # fmt: skip
+        plan = following
+    final = [row for g in range(plan.deal.streams + 1) for row in _rows_through(plan, g)]
+    everything = [(int(s), r) for s in order for r in range(split_rows[s])]
+    assert sorted(delivered + final) == sorted(everything)
+
+
+def test_a_later_deal_keeps_the_cuts_its_streams_did_not_reach():
+    """A row an elastic resume cut mid-document stays cut through the next one, until a stream
+    passes it."""
+    split_rows = _ints([10, 10])
+    first = EpochPlan.first(epoch=0, order=_ints([0, 1]), split_rows=split_rows, world_size=2,
+                            num_workers=0, even=False)  # fmt: skip
+    second = first.then(Generation(2, 0, False, _ints([4, 0]), _ints([3, 0])), world_size=1,
+                        num_workers=0, even=False)  # fmt: skip
+    assert dict(second.skips) == {0: 3}  # split 0 row 4 is the first row dealt anew
+    third = second.then(Generation(1, 0, False, _ints([0]), _ints([0])), world_size=2,
+                        num_workers=0, even=False)  # fmt: skip
+    assert dict(third.skips) == {0: 3}
+    passed = second.then(Generation(1, 0, False, _ints([1]), _ints([0])), world_size=1,
+                         num_workers=0, even=False)  # fmt: skip
+    assert dict(passed.skips) == {}
 
 
 def _peak_bytes(fn: Callable[[], object]) -> int:
@@ -442,31 +382,12 @@ def test_deal_examples():
     )
 
 
-def test_epoch_plan_deals_only_what_base_left():
-    split_rows = np.full(8, 10, dtype=np.int64)
-    done = np.zeros(8, dtype=bool)
-    done[[0, 5]] = True
-    base = Consumed(done, {3: ((0, 4),)})
-    plan = EpochPlan.build(
-        epoch=2, order=np.arange(8, dtype=np.int64), base=base, split_rows=split_rows,
-        world_size=1, num_workers=2, even=False,
-    )  # fmt: skip
-    # 56 rows remain: splits 1, 2, 3 [4, 10), 4, 6, 7; 28 per stream.
-    first = plan.stream(World(0, 1, 0, 2))
-    second = plan.stream(World(0, 1, 1, 2))
-    assert first.splits.tolist() == [1, 2, 3, 4]
-    assert first.lo.tolist() == [0, 0, 4, 0] and first.hi.tolist() == [10, 10, 10, 2]
-    assert second.splits.tolist() == [4, 6, 7]
-    assert second.lo.tolist() == [2, 0, 0] and second.hi.tolist() == [10, 10, 10]
-    assert (plan.epoch, plan.num_workers, plan.world_size) == (2, 2, 1)
-
-
 def test_num_workers_zero_is_one_stream_per_rank():
     split_rows = _ints([5, 6, 7])
-    build = {"epoch": 0, "order": _ints([0, 1, 2]), "base": Consumed.nothing(3),
-             "split_rows": split_rows, "world_size": 2, "even": False}  # fmt: skip
-    zero = EpochPlan.build(num_workers=0, **build)
-    one = EpochPlan.build(num_workers=1, **build)
+    build = {"epoch": 0, "order": _ints([0, 1, 2]), "split_rows": split_rows,
+             "world_size": 2, "even": False}  # fmt: skip
+    zero = EpochPlan.first(num_workers=0, **build)
+    one = EpochPlan.first(num_workers=1, **build)
     assert zero.num_workers == 1
     assert zero.deal.bounds.tolist() == one.deal.bounds.tolist() == [0, 9, 18]
 
@@ -475,9 +396,8 @@ def test_num_workers_zero_is_one_stream_per_rank():
 
 
 def _left_out(num_splits: int, ranks: int, workers: int, rows_per_split: int, epoch: int = 0):
-    plan = EpochPlan.build(
+    plan = EpochPlan.first(
         epoch=epoch, order=epoch_order(num_splits, 0, epoch, True),
-        base=Consumed.nothing(num_splits),
         split_rows=np.full(num_splits, rows_per_split, dtype=np.int64),
         world_size=ranks, num_workers=workers, even=True,
     )  # fmt: skip

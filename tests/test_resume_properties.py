@@ -172,7 +172,7 @@ def test_elastic_resume_with_other_num_workers(parquet_dir, small_split, before,
     again = _harness.json_round_trip(loader.state_dict())
     del it
     assert middle == rest[:11]
-    assert again["base"] is not None
+    assert again["generations"]
     assert _harness.resume(moved, again) == rest[11:]
 
     loader, _ = _harness.make_loader({**moved, "shuffle_seed": 99})

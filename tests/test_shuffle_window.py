@@ -1,4 +1,4 @@
-"""The shuffle window's knobs, its memory bound, and exact resume inside a window."""
+"""The shuffle window: its knobs, its memory bound, and exact resume inside a window."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 from _data import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils._stream import StreamSource
+
+# About 40 rows a window on this data (two windows fill the budget).
+SMALL_BUDGET = 4096
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +26,8 @@ def twelve(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"shuffle": True, "shuffle_window": 0}, ValueError, "shuffle_window must be a positive"),
-        ({"shuffle": True, "shuffle_window": -3}, ValueError, "shuffle_window must be a positive"),
-        ({"shuffle": True, "shuffle_window": 2.5}, ValueError, "shuffle_window must be a positive"),
-        ({"shuffle": True, "shuffle_window": 13}, ValueError, "larger than the data: these files "
-                                                               "make 12 split"),
-        ({"shuffle_window": 4}, ValueError, "only with shuffle=True"),
         ({"shuffle": True, "shuffle_memory_bytes": 0}, ValueError, "shuffle_memory_bytes must"),
+        ({"shuffle": True, "shuffle_memory_bytes": 2.5}, ValueError, "shuffle_memory_bytes must"),
         ({"shuffle": True, "shuffle_memory_bytes": 1000}, ValueError, "below the minimum"),
     ],
 )  # fmt: skip
@@ -39,57 +36,58 @@ def test_knobs_are_validated(twelve: Path, kwargs: dict, error: type, match: str
         StructuredDataset(str(twelve), **kwargs)
 
 
-def test_a_window_as_wide_as_the_data_is_accepted(twelve: Path) -> None:
-    loader, _ = StructuredDataset.create_dataloader(
-        str(twelve), shuffle=True, shuffle_window=12, batch_size=48
-    )
-    batches = _harness.take(loader)
-    assert sorted(_harness.ids(batches)) == list(range(480))
-    # One window of 12 equal splits: every batch holds 4 rows of each file.
-    for batch in batches:
-        files = np.bincount(np.array(batch["id"][1]) // 40, minlength=12)
-        assert files.tolist() == [4] * 12
+def test_the_removed_shuffle_window_says_what_replaces_it(twelve: Path) -> None:
+    with pytest.raises(TypeError, match="shuffle_window was removed.*shuffle_memory_bytes"):
+        StructuredDataset.create_dataloader(str(twelve), shuffle=True, shuffle_window=4)
 
 
-@pytest.mark.parametrize("window", [1, 3, 5])
+def _window_rows(root: Path, budget: int) -> int:
+    dataset = StructuredDataset(str(root), shuffle=True, shuffle_memory_bytes=budget)
+    return dataset._epochs.window_rows
+
+
+def test_the_budget_sizes_the_window(twelve: Path) -> None:
+    """Two windows (one handed out, the next being read) fill the budget."""
+    dataset = StructuredDataset(str(twelve), shuffle=True, shuffle_memory_bytes=2**20)
+    row_bytes = dataset._index.row_bytes()
+    assert dataset._epochs.window_rows == 2**20 // (2 * row_bytes)
+    assert _window_rows(twelve, SMALL_BUDGET) == SMALL_BUDGET // (2 * row_bytes) < 480
+
+
+def test_windows_hold_at_most_their_rows_and_blocks_from_many_splits(twelve: Path) -> None:
+    dataset = StructuredDataset(str(twelve), shuffle=True, shuffle_memory_bytes=SMALL_BUDGET)
+    epochs = dataset._epochs
+    plan = epochs.plan(dataset._next_start, 0)
+    shuffled = epochs.order(plan, 0).shuffled
+    assert shuffled is not None
+    sizes = np.diff(np.concatenate(([0], shuffled.ends)))
+    assert sizes.sum() == 480 and len(sizes) == -(-480 // epochs.window_rows)
+    assert sizes.max() - sizes.min() <= 8  # near-equal, cut on blocks (a row group: 8 rows)
+    files = [len(set(shuffled.window(w)[0].splits.tolist())) for w in range(len(sizes))]
+    # blocks from anywhere in the share (some windows draw two blocks of one file)
+    assert min(files) >= 3 and np.mean(files) > 3
+
+
+@pytest.mark.parametrize("budget", [SMALL_BUDGET, 3 * SMALL_BUDGET, 2**20])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_resume_inside_a_window_is_exact(twelve: Path, window: int, num_workers: int) -> None:
-    case = {"path": str(twelve), "shuffle": True, "shuffle_window": window, "batch_size": 7,
-            "num_workers": num_workers, "shuffle_seed": 4}  # fmt: skip
+def test_resume_inside_a_window_is_exact(twelve: Path, budget: int, num_workers: int) -> None:
+    case = {"path": str(twelve), "shuffle": True, "shuffle_memory_bytes": budget,
+            "batch_size": 7, "num_workers": num_workers, "shuffle_seed": 4}  # fmt: skip
     full = _harness.run_epoch(case)
+    assert sorted(_harness.ids(full)) == list(range(480))
     for k in (1, 9, len(full) // 2, len(full) - 2):
         _harness.assert_resume_exact(case, k, full=full)
 
 
-def test_memory_budget_bounds_rows_decoded_per_split(twelve: Path) -> None:
-    dataset = StructuredDataset(str(twelve), shuffle=True, shuffle_memory_bytes=2**20)
-    index = dataset._index
-    pieces = dataset._epochs.plan(dataset._next_start, 0).stream(
-        dataset._epochs.settings(0).world()
-    )
-    source = StreamSource(
-        index=index, storage=dataset._storage, fmt=dataset._format, pieces=pieces, window=12,
-        columns=None, memory_bytes=2**20,
-    )  # fmt: skip
-    rows = source.mix_rows()
-    assert rows * index.row_bytes() * (12 + 2) <= 2**20 or rows == 256
-    generous = StreamSource(
-        index=index, storage=dataset._storage, fmt=dataset._format, pieces=pieces, window=12,
-        columns=None, memory_bytes=2**30,
-    )  # fmt: skip
-    assert generous.mix_rows() == 16_384
-
-
-def test_resume_inside_a_window_rereads_at_most_one_row_group_per_split(
-    twelve: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """O(1) resume with shuffle: each split of the window is re-entered at the row group that
-    holds its next row, so the rows decoded exceed the rows left by less than one row group
-    (8 rows) per split of the window."""
-    case = {"path": str(twelve), "shuffle": True, "batch_size": 10, "split_bytes": 10**9}
+def test_resume_rereads_at_most_one_window(twelve: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """O(1) resume with shuffle: only the window holding the next row is read again, so the
+    rows decoded exceed the rows left by less than a window."""
+    case = {"path": str(twelve), "shuffle": True, "batch_size": 10, "split_bytes": 10**9,
+            "shuffle_memory_bytes": SMALL_BUDGET}  # fmt: skip
+    window = _window_rows(twelve, SMALL_BUDGET)
     full = _harness.run_epoch(case)
-    state, _ = _harness.checkpoint_after(case, 25)  # 250 of 480 rows, mid-window
-    assert len(state["partial"]) == 12  # every split of the window is in progress
+    state, _ = _harness.checkpoint_after(case, 25)  # 250 of 480 rows
+    _harness.join_read_ahead()  # the first loader's thread may still read its next window
     read = _harness.count_decoded_rows(monkeypatch, "parquet")
     assert _harness.resume(case, state) == full[25:]
-    assert 0 <= sum(rows for _, rows in read) - (480 - 250) < 12 * 8
+    assert 0 <= sum(rows for _, rows in read) - (480 - 250) < window + 8

@@ -13,16 +13,17 @@ from ._tokens import TokenPacking
 
 __all__ = [
     "DEFAULT_SHUFFLE_MEMORY_BYTES",
-    "DEFAULT_SHUFFLE_WINDOW",
     "DEFAULT_SPLIT_BYTES",
     "DatasetConfig",
 ]
 
 DEFAULT_SPLIT_BYTES = 128 * 2**20
-# Splits a stream mixes at once under shuffle=True, and the memory it may hold for them.
-DEFAULT_SHUFFLE_WINDOW = 32
+# The decoded rows a shuffled stream may hold: its window and the next one being read.
 DEFAULT_SHUFFLE_MEMORY_BYTES = 256 * 2**20
-_MIN_SHUFFLE_MEMORY_BYTES = 2**20
+# Below this a window holds a handful of rows: surely a unit mistaken (bytes, not MiB).
+_MIN_SHUFFLE_MEMORY_BYTES = 4096
+# A window's permutation is 32-bit integer arithmetic.
+_MAX_WINDOW_ROWS = 2**31
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +37,6 @@ class DatasetConfig:
     output: str = "torch"
     transform: Callable[[Any], Any] | None = None
     drop_last: bool = False
-    shuffle_window: int | None = None
     shuffle_memory_bytes: int = DEFAULT_SHUFFLE_MEMORY_BYTES
     packing: TokenPacking | None = None
 
@@ -85,35 +85,18 @@ class DatasetConfig:
                 f"columns={list(self.columns or ())}: drop columns= or pass [{packing.column!r}]"
             )
 
-    @property
-    def window(self) -> int:
-        """Splits a stream mixes at once: 1 (read in order) without shuffle."""
-        if not self.shuffle:
-            return 1
-        return DEFAULT_SHUFFLE_WINDOW if self.shuffle_window is None else self.shuffle_window
-
-    def check_window(self, num_splits: int) -> None:
-        """An explicit window must not be wider than the data it mixes."""
-        if self.shuffle_window is not None and self.shuffle_window > num_splits:
-            raise ValueError(
-                f"shuffle_window={self.shuffle_window} is larger than the data: these files make "
-                f"{num_splits} split(s) of at most split_bytes={self.split_bytes}; pass at most "
-                f"{num_splits}, a smaller split_bytes, or leave shuffle_window unset"
-            )
+    def window_rows(self, row_bytes: int) -> int:
+        """Rows of a shuffle window for rows of ``row_bytes`` decoded bytes: two windows (one
+        handed out, the next being read) fill ``shuffle_memory_bytes``."""
+        rows = self.shuffle_memory_bytes // (2 * max(1, row_bytes))
+        return int(min(max(1, rows), _MAX_WINDOW_ROWS))
 
     def _check_shuffle_knobs(self) -> None:
-        if self.shuffle_window is not None:
-            _positive_int("shuffle_window", self.shuffle_window)
-            if not self.shuffle:
-                raise ValueError(
-                    f"shuffle_window={self.shuffle_window} mixes rows only with shuffle=True; "
-                    f"pass shuffle=True or drop shuffle_window"
-                )
         _positive_int("shuffle_memory_bytes", self.shuffle_memory_bytes)
         if self.shuffle_memory_bytes < _MIN_SHUFFLE_MEMORY_BYTES:
             raise ValueError(
                 f"shuffle_memory_bytes={self.shuffle_memory_bytes} is below the minimum of "
-                f"{_MIN_SHUFFLE_MEMORY_BYTES} bytes (1 MiB) per stream"
+                f"{_MIN_SHUFFLE_MEMORY_BYTES} bytes per stream (the default is 256 MiB)"
             )
 
     @staticmethod

@@ -53,9 +53,10 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
     Files are cut into splits of at most ``split_bytes`` stored bytes on row-group / record-batch
     boundaries and ordered per epoch (shuffled with ``shuffle_seed`` if ``shuffle``); the epoch's
     rows are dealt to the streams (rank, DataLoader worker) in contiguous shares that differ by
-    at most one row. With ``shuffle`` each stream also mixes the rows of ``shuffle_window``
-    splits at a time (default 32) within ``shuffle_memory_bytes`` of memory. ``state_dict()``
-    records what has been delivered by content; ``load_state_dict()`` continues exactly there.
+    at most one row. With ``shuffle`` each stream hands its rows out in a random order inside
+    windows that hold blocks from all over its share, two windows filling
+    ``shuffle_memory_bytes`` (``docs/shuffle.md``). ``state_dict()`` records each stream's
+    position by content; ``load_state_dict()`` continues exactly there.
 
     ``even_batches`` (default: on when ``world_size > 1``) gives every rank the same number of
     rows, dealt alike to its workers, so every rank yields the same number of batches, as DDP
@@ -76,7 +77,6 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         columns: Sequence[str] | None = None,
         shuffle: bool = False,
         shuffle_seed: int = 0,
-        shuffle_window: int | None = None,
         shuffle_memory_bytes: int = DEFAULT_SHUFFLE_MEMORY_BYTES,
         split_bytes: int = DEFAULT_SPLIT_BYTES,
         rank: int | None = None,
@@ -96,7 +96,6 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             columns=DatasetConfig.columns_from(columns),
             shuffle=bool(shuffle),
             shuffle_seed=shuffle_seed,
-            shuffle_window=shuffle_window,
             shuffle_memory_bytes=shuffle_memory_bytes,
             split_bytes=split_bytes,
             output=output,
@@ -119,7 +118,6 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             rank=self._rank if share_index else 0,
             world_size=self._world_size if share_index else 1,
         )
-        config.check_window(len(index.splits))
         if packing is not None:
             packing.check(index.schema)
         warm_up(index.schema, config.output)
@@ -131,7 +129,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             even_batches=self._world_size > 1 if even_batches is None else bool(even_batches),
         )
         self._loader_workers: int | None = None  # the num_workers of our loader, once known
-        self._start = Start.fresh(0, len(index.splits))
+        self._start = Start.fresh(0)
         self._handoff: Iteration | None = None  # the iteration our loader is starting
         self._progress: Progress | None = None
         self._resumed = False
@@ -146,7 +144,6 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         columns: Sequence[str] | None = None,
         shuffle: bool = False,
         shuffle_seed: int = 0,
-        shuffle_window: int | None = None,
         shuffle_memory_bytes: int = DEFAULT_SHUFFLE_MEMORY_BYTES,
         num_workers: int = 0,
         split_bytes: int = DEFAULT_SPLIT_BYTES,
@@ -164,6 +161,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         """``(loader, dataset)``: the loader records what it hands out and resumes exactly."""
         from ._loader import StructuredDataLoader
 
+        if "shuffle_window" in dataloader_kwargs:
+            raise TypeError(_NO_SHUFFLE_WINDOW)
         dataset = cls(
             path,
             format,
@@ -171,7 +170,6 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             columns=columns,
             shuffle=shuffle,
             shuffle_seed=shuffle_seed,
-            shuffle_window=shuffle_window,
             shuffle_memory_bytes=shuffle_memory_bytes,
             split_bytes=split_bytes,
             rank=rank,
@@ -202,7 +200,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 f"for the epochs after the resumed one.",
                 stacklevel=2,
             )
-        self._start = Start.fresh(epoch, len(self._epochs.index.splits))
+        self._start = Start.fresh(epoch)
         self._progress = None
         self._resumed = False
 
@@ -297,7 +295,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         iteration = handoff or Iteration(self._start)
         start = iteration.start
         if iteration.slots is not None and (epoch := iteration.slots.fresh_epoch()) is not None:
-            start = Start.fresh(epoch, len(self._epochs.index.splits))  # persistent worker
+            start = Start.fresh(epoch)  # persistent worker
         progress = self._epochs.begin(start, worker[1], workers=[worker[0]])
         if iteration.slots is not None:
             return self._reader(progress, worker[0]).packets(iteration.slots, worker[0])
@@ -336,29 +334,25 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             yield progress
         finally:
             self._handoff = None
-            self._start = Start.fresh(self.epoch, len(self._epochs.index.splits))
+            self._start = Start.fresh(self.epoch)
             self._resumed = False
 
     def _deliver(self, worker: int, progress: Progress, read_ahead: int = 0) -> Iterator[Any]:
         """Batches of one stream, recording each position before handing the batch out."""
         for batch, position in self._reader(progress, worker).batches(read_ahead=read_ahead):
-            progress.positions[worker] = position
-            progress.cursor = 0
+            progress.record(worker, position, cursor=0)
             yield batch
 
     def _describe_stream(self, progress: Progress, worker: int, position: int) -> str:
         """The split(s) of stream ``worker`` that hold the rows just before ``position``."""
-        source = self._reader(progress, worker).source
-        return source.describe_at(position) if source.total else "an empty share"
+        return progress.orders[worker].describe_at(position)
 
     def _reader(self, progress: Progress, worker: int) -> StreamReader:
         config = self._epochs.config
         source = StreamSource(
-            index=self._epochs.index,
+            order=progress.orders[worker],
             storage=self._storage,
             fmt=self._format,
-            pieces=progress.shares[worker],
-            window=config.window,
             columns=config.read_columns,
             memory_bytes=config.shuffle_memory_bytes,
         )
@@ -369,6 +363,12 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             skips=progress.skips.get(worker, {}),
         )
 
+
+_NO_SHUFFLE_WINDOW = (
+    "shuffle_window was removed: a shuffled stream now hands out its rows in a random order "
+    "inside windows sized by shuffle_memory_bytes (docs/shuffle.md); drop shuffle_window and "
+    "pass shuffle_memory_bytes to trade memory for mixing"
+)
 
 # A DataLoader rebuilt over a dataset whose StructuredDataLoader exists would read ahead of the
 # training loop, or let workers deliver batches the state never records: rows lost or repeated.

@@ -8,7 +8,6 @@ number of batches. Nothing here reads files.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,14 +17,14 @@ import numpy as np
 from ._config import DatasetConfig
 from ._errors import InvalidStateError
 from ._index import DatasetIndex
-from ._interleave import counts_at, stream_counts, stream_index, stream_row, window_start
-from ._plan import Consumed, EpochPlan, IntArray, Pieces, epoch_order
+from ._order import Shuffle, StreamOrder
+from ._plan import EpochPlan, Generation, epoch_order
 from ._state import (
-    Cuts,
+    Decoded,
     Settings,
+    StreamEntry,
     check_setting,
     decode,
-    decode_cuts,
     encode,
     merge_states,
     misplaced,
@@ -38,105 +37,61 @@ __all__ = ["Epochs", "Progress", "Start"]
 
 @dataclass(frozen=True, kw_only=True)
 class Start:
-    """Where the next iteration begins: nothing delivered, or a checkpoint's progress."""
+    """Where the next iteration begins: the epoch's earlier deals (elastic resumes) and, for a
+    checkpoint, the position of each of this rank's streams (``None``: their beginnings)."""
 
     epoch: int
-    base: Consumed
-    delivered: Consumed
-    cuts: Cuts = field(default_factory=dict)  # packed rows partly delivered: tokens
+    generations: tuple[Generation, ...] = ()
+    positions: tuple[int, ...] | None = None  # TokenPosition when packed
     cursor: int = 0
     checkpoint_workers: int | None = None  # the num_workers to hold the checkpoint to
     checkpoint_split: str = ""
 
     @classmethod
-    def fresh(cls, epoch: int, num_splits: int) -> Start:
-        nothing = Consumed.nothing(num_splits)
-        return cls(epoch=epoch, base=nothing, delivered=nothing)
+    def fresh(cls, epoch: int) -> Start:
+        return cls(epoch=epoch)
 
     @property
     def is_fresh(self) -> bool:
         """Whether an iteration from here starts the epoch from its beginning."""
-        return self.checkpoint_workers is None and self.delivered.is_empty() and not self.cuts
+        return self.positions is None and not self.generations
 
 
 @dataclass
 class Progress:
     """Delivery in one epoch: rows of its share each worker stream has handed out (for a
     packed stream a ``TokenPosition``: also the tokens of its next row), and the rows of each
-    share that an earlier iteration cut mid-document (``skips``: row of the share -> tokens)."""
+    share an earlier deal cut mid-document (``skips``: row of the share -> tokens)."""
 
     plan: EpochPlan
     settings: Settings
-    shares: Mapping[int, Pieces]
+    orders: Mapping[int, StreamOrder]
+    generations: tuple[Generation, ...]
     positions: dict[int, int] = field(default_factory=dict)
     skips: dict[int, dict[int, int]] = field(default_factory=dict)
     cursor: int = 0
-    _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    _entries: dict[int, tuple[int, StreamEntry]] = field(default_factory=dict, repr=False)
 
-    def delivered(self, split_rows: IntArray) -> Consumed:
-        """Base, the rows ``even_batches`` left out, and every stream's delivered rows.
+    def record(self, worker: int, position: int, cursor: int) -> None:
+        """Stream ``worker`` has handed out its rows up to ``position``; ``cursor`` is next."""
+        self.positions[worker] = position
+        self.cursor = cursor
 
-        What lies before each stream's current window changes only when a window ends, so it is
-        kept between calls: a call costs the windows in progress, not the epoch; and a stream's
-        window is recomputed only when its position moved (one stream per batch handed out).
-        """
-        settled: dict[int, int] = {}
-        moving = [Pieces.empty()]
+    def entries(self) -> list[StreamEntry]:
+        """Each stream's place, by content (kept until the stream moves)."""
+        out = []
         for worker, position in self.positions.items():
-            settled[worker], part = self._window(worker, int(position))
-            moving.append(part)
-        return self._settled(settled, split_rows).plus(Pieces.concat(moving), split_rows)
-
-    def _window(self, worker: int, position: int) -> tuple[int, Pieces]:
-        """The first piece of stream ``worker``'s window at ``position``, and the rows of the
-        window delivered by then (kept until the stream moves)."""
-        kept = self._cache.get(("window", worker))
-        if kept is not None and kept[0] == position:
-            return kept[1], kept[2]
-        pieces = self.shares[worker]
-        ends = pieces.ends
-        first = window_start(ends, self.settings.window, position)
-        part = pieces.take(slice(first, first + self.settings.window))
-        if len(part):
-            counts = counts_at(part.rows, position - int(ends[first] - part.rows[0]))
-            taken = np.flatnonzero(counts)
-            part = Pieces(part.splits[taken], part.lo[taken], part.lo[taken] + counts[taken])
-        self._cache["window", worker] = (position, first, part)
-        return first, part
-
-    def _settled(self, firsts: dict[int, int], split_rows: IntArray) -> Consumed:
-        """Base, left-out rows and every piece before each stream's window ``firsts[worker]``."""
-        key = tuple(sorted(firsts.items()))
-        if self._cache.get("settled_key") != key:
-            before = [self.shares[w].take(slice(0, first)) for w, first in firsts.items()]
-            pieces = Pieces.concat([self.plan.deal.left_out(), *before])
-            self._cache["settled"] = self.plan.base.plus(pieces, split_rows)
-            self._cache["settled_key"] = key
-        settled: Consumed = self._cache["settled"]
-        return settled
+            kept = self._entries.get(worker)
+            if kept is None or kept[0] != position:
+                order = self.orders[worker]
+                tokens = position.tokens if isinstance(position, TokenPosition) else 0
+                entry = StreamEntry(int(position), tokens, order.total, order.row_at(position))
+                self._entries[worker] = kept = (position, entry)
+            out.append(kept[1])
+        return out
 
     def left_out(self) -> int:
-        return int(self.plan.deal.left_out().rows.sum())
-
-    def cuts(self) -> Cuts:
-        """Rows partly delivered, to the token: each stream's next row, and the rows cut
-        before that it has not reached."""
-        cuts = {}
-        for worker, position in self.positions.items():
-            # A row cut before and not passed yet, the next one included: a batch may end just
-            # before it (position ``(row, 0)``), its delivered tokens still to be skipped.
-            later = {i: n for i, n in self.skips.get(worker, {}).items() if i >= position}
-            if isinstance(position, TokenPosition) and position.tokens:
-                later[position] = position.tokens  # at least the skip: tokens count from 0
-            for row, count in later.items():
-                cuts[self._split_row(worker, row)] = count
-        return cuts
-
-    def _split_row(self, worker: int, position: int) -> tuple[int, int]:
-        """The split, and its row, that stream ``worker`` delivers as its row ``position``."""
-        pieces = self.shares[worker]
-        piece, row = stream_row(pieces.rows, pieces.ends, self.settings.window, position)
-        return int(pieces.splits[piece]), int(pieces.lo[piece]) + row
+        return self.plan.deal.left_out().total
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +104,17 @@ class Epochs:
     world_size: int
     even_batches: bool
 
+    @property
+    def shuffle(self) -> Shuffle | None:
+        config = self.config
+        if not config.shuffle:
+            return None
+        return Shuffle(seed=config.shuffle_seed, window_rows=self.window_rows)
+
+    @property
+    def window_rows(self) -> int:
+        return self.config.window_rows(self.index.row_bytes()) if self.config.shuffle else 0
+
     def settings(self, num_workers: int) -> Settings:
         config = self.config
         return Settings(
@@ -156,7 +122,8 @@ class Epochs:
             split_bytes=config.split_bytes,
             shuffle=config.shuffle,
             shuffle_seed=config.shuffle_seed,
-            window=config.window,
+            memory_bytes=config.shuffle_memory_bytes,
+            window_rows=self.window_rows,
             rank=self.rank,
             world_size=self.world_size,
             num_workers=num_workers,
@@ -165,18 +132,31 @@ class Epochs:
         )
 
     def plan(self, start: Start, num_workers: int) -> EpochPlan:
-        config = self.config
-        return EpochPlan.build(
+        """The deal of ``start``'s epoch to this job, after its earlier deals."""
+        generations = start.generations
+        first = generations[0] if generations else None
+        plan = EpochPlan.first(
             epoch=start.epoch,
             order=epoch_order(
-                len(self.index.splits), config.shuffle_seed, start.epoch, config.shuffle
+                len(self.index.splits), self.config.shuffle_seed, start.epoch, self.config.shuffle
             ),
-            base=start.base,
             split_rows=self.index.split_rows,
-            world_size=self.world_size,
-            num_workers=num_workers,
-            even=self.even_batches,
+            world_size=self.world_size if first is None else first.world_size,
+            num_workers=num_workers if first is None else first.num_workers,
+            even=self.even_batches if first is None else first.even,
         )
+        for number, generation in enumerate(generations):
+            following = generations[number + 1] if number + 1 < len(generations) else None
+            plan = plan.then(
+                generation,
+                world_size=self.world_size if following is None else following.world_size,
+                num_workers=num_workers if following is None else following.num_workers,
+                even=self.even_batches if following is None else following.even,
+            )
+        return plan
+
+    def order(self, plan: EpochPlan, stream: int) -> StreamOrder:
+        return StreamOrder(index=self.index, plan=plan, stream=stream, shuffle=self.shuffle)
 
     def batches(self, start: Start, num_workers: int) -> int:
         """Batches this rank yields in the epoch ``start`` belongs to."""
@@ -200,138 +180,114 @@ class Epochs:
                 f"{settings.streams_per_rank} worker stream(s): the state is corrupted"
             )
         plan = self.plan(start, num_workers)
-        every = range(settings.streams_per_rank)
-        shares = {w: plan.stream(settings.world(w)) for w in every}
-        progress = Progress(plan, settings, shares, cursor=start.cursor)
-        for worker, pieces in shares.items():
-            progress.positions[worker] = self._position(pieces, start.delivered, settings, worker)
-        progress.skips = self._skips(shares, start, settings)
-        for worker, skips in progress.skips.items():
-            position = progress.positions[worker]
-            if position in skips:
-                progress.positions[worker] = TokenPosition(position, skips[position])
-        rows = self.index.split_rows
-        claimed = start.delivered.union(plan.base, rows).plus(plan.deal.left_out(), rows)
-        stray = _first_difference(claimed, progress.delivered(rows), self.index)
-        if stray is not None:
-            raise misplaced(stray, settings, None)
-        if workers is not None:
-            progress.positions = {w: progress.positions[w] for w in workers}
+        chosen = range(settings.streams_per_rank) if workers is None else workers
+        first = self.rank * plan.num_workers
+        progress = Progress(
+            plan,
+            settings,
+            {w: self.order(plan, first + w) for w in chosen},
+            start.generations,
+            cursor=start.cursor,
+        )
+        for worker in chosen:
+            position = 0 if start.positions is None else start.positions[worker]
+            skips = {
+                row: tokens
+                for row, tokens in plan.stream_skips(first + worker).items()
+                if row >= position
+            }
+            tokens = position.tokens if isinstance(position, TokenPosition) else 0
+            if not tokens and position in skips:
+                position = TokenPosition(position, skips[position])
+            elif tokens:
+                skips[position] = tokens
+            progress.positions[worker] = position
+            if skips:
+                progress.skips[worker] = skips
         return progress
-
-    def _position(
-        self, pieces: Pieces, delivered: Consumed, settings: Settings, worker: int
-    ) -> int:
-        """Rows of ``pieces`` that ``delivered`` holds, if they are a position of the stream."""
-        full = delivered.done[pieces.splits]
-        got = np.where(full, pieces.rows, 0)
-        partial = np.flatnonzero(~full & np.isin(pieces.splits, list(delivered.partial)))
-        for i in partial.tolist():
-            split, lo, hi = int(pieces.splits[i]), int(pieces.lo[i]), int(pieces.hi[i])
-            inside = [(max(a, lo), min(b, hi)) for a, b in delivered.partial[split]]
-            inside = [(a, b) for a, b in inside if b > a]
-            if len(inside) > 1 or (inside and inside[0][0] != lo):  # not a prefix of the piece
-                raise misplaced(self.index.describe(split), settings, worker)
-            got[i] = inside[0][1] - lo if inside else 0
-        position = int(got.sum())
-        expected = stream_counts(pieces.rows, settings.window, position)
-        if not np.array_equal(got, expected):
-            late = int(pieces.splits[int(np.argmax(got != expected))])
-            raise misplaced(self.index.describe(late), settings, worker)
-        return position
-
-    def _skips(
-        self, shares: Mapping[int, Pieces], start: Start, settings: Settings
-    ) -> dict[int, dict[int, int]]:
-        """Where each stream meets the rows ``start`` cut mid-document: row of share -> tokens.
-
-        A checkpoint of this rank names only rows of its own streams, at or after their
-        positions; an elastic start names every old rank's, each met by one stream of the job.
-        """
-        if not start.cuts:
-            return {}
-        by_split: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for (split, row), count in start.cuts.items():
-            by_split[split].append((row, count))
-        wanted = np.fromiter(by_split, dtype=np.int64)
-        skips: dict[int, dict[int, int]] = {}
-        met = set()
-        for worker, pieces in shares.items():
-            for i in np.flatnonzero(np.isin(pieces.splits, wanted)).tolist():
-                split, lo, hi = int(pieces.splits[i]), int(pieces.lo[i]), int(pieces.hi[i])
-                for row, count in by_split[split]:
-                    if lo <= row < hi:
-                        at = stream_index(pieces.rows, pieces.ends, settings.window, i, row - lo)
-                        skips.setdefault(worker, {})[at] = count
-                        met.add((split, row))
-        if start.checkpoint_workers is not None and len(met) != len(start.cuts):
-            split, row = min(set(start.cuts) - met)
-            raise misplaced(f"{self.index.describe(split)} row {row}", settings, None)
-        return skips
 
     def encode(self, progress: Progress) -> dict[str, Any]:
         """The state dict of ``progress``."""
         return encode(
             epoch=progress.plan.epoch,
-            delivered=progress.delivered(self.index.split_rows),
-            base=progress.plan.base,
+            streams=progress.entries(),
+            generations=progress.generations,
             cursor=progress.cursor,
             index=self.index,
             settings=progress.settings,
-            cuts=progress.cuts(),
         )
 
     def encode_start(self, start: Start, num_workers: int) -> dict[str, Any]:
         """The state dict of an iteration that has not begun."""
-        if start.cuts:  # only this rank's: an elastic start holds every rank's
-            return self.encode(self.begin(start, num_workers))
-        return encode(
-            epoch=start.epoch,
-            delivered=start.delivered,
-            base=start.base,
-            cursor=start.cursor,
-            index=self.index,
-            settings=self.settings(num_workers),
-        )
+        return self.encode(self.begin(start, num_workers))
 
     def load(self, state: Mapping[str, Any], num_workers: int | None) -> Start:
         """The start a checkpoint describes, validated against the files and settings."""
         workers = state.get("_num_workers", 0) if num_workers is None else num_workers
-        delivered, base = decode(state, index=self.index, settings=self.settings(workers))
+        settings = self.settings(workers)
+        decoded = decode(state, index=self.index, settings=settings)
+        start = Start(epoch=state["epoch"], generations=decoded.generations)
+        positions = self._positions(start, decoded, settings, state["_num_workers"])
         return Start(
             epoch=state["epoch"],
-            base=base,
-            delivered=delivered,
-            cuts=decode_cuts(state, self.index, delivered),
+            generations=decoded.generations,
+            positions=positions,
             cursor=int(state["cursor"]),
             checkpoint_workers=state["_num_workers"],
             checkpoint_split=stored_split(state),
         )
 
     def load_elastic(self, states: Sequence[Mapping[str, Any]], num_workers: int) -> Start:
-        """A start that re-deals what every old rank's state had not delivered."""
-        epoch, delivered, cuts = merge_states(
-            states, index=self.index, settings=self.settings(num_workers)
+        """A start that deals anew what every old rank's state had not delivered."""
+        first, decoded = merge_states(states, index=self.index, settings=self.settings(num_workers))
+        old = Epochs(
+            index=self.index,
+            config=self.config,
+            rank=0,
+            world_size=first["_world_size"],
+            even_batches=first["_even_batches"],
         )
-        return Start(epoch=epoch, base=delivered, delivered=delivered, cuts=cuts)
-
-
-def _first_difference(claimed: Consumed, implied: Consumed, index: DatasetIndex) -> str | None:
-    """The first split whose delivered rows the state claims differently from what the
-    streams' positions imply, described with both; ``None`` when they agree."""
-    differ = claimed.done != implied.done
-    splits = set(np.flatnonzero(differ).tolist())
-    splits |= {s for s in set(claimed.partial) | set(implied.partial)
-               if claimed.partial.get(s) != implied.partial.get(s)}  # fmt: skip
-    if not splits:
-        return None
-    split = min(splits)
-
-    def rows(consumed: Consumed) -> str:
-        if consumed.done[split]:
-            return "all rows"
-        return "rows " + (
-            ", ".join(f"[{a}, {b})" for a, b in consumed.partial.get(split, ())) or "none"
+        start = Start(epoch=first["epoch"], generations=decoded.generations)
+        settings = old.settings(first["_num_workers"])
+        positions = old._positions(start, decoded, settings, first["_num_workers"], every=True)
+        generation = Generation(
+            first["_world_size"],
+            first["_num_workers"],
+            first["_even_batches"],
+            np.array([int(p) for p in positions], dtype=np.int64),
+            np.array([getattr(p, "tokens", 0) for p in positions], dtype=np.int64),
         )
+        return Start(epoch=first["epoch"], generations=(*decoded.generations, generation))
 
-    return f"{index.describe(split)} ({rows(claimed)} delivered, positions imply {rows(implied)})"
+    def _positions(
+        self,
+        start: Start,
+        decoded: Decoded,
+        settings: Settings,
+        num_workers: int,
+        *,
+        every: bool = False,
+    ) -> tuple[int, ...]:
+        """The positions of ``decoded``'s streams, checked against the plan: this rank's
+        streams, or (``every``) all streams of the job in order."""
+        plan = self.plan(start, num_workers)
+        first = 0 if every else self.rank * plan.num_workers
+        count = plan.deal.streams if every else plan.num_workers
+        if len(decoded.streams) != count:
+            raise InvalidStateError(
+                f"state key 'streams' holds {len(decoded.streams)} entries, but "
+                f"num_workers={num_workers} makes {count} stream(s): the state is corrupted"
+            )
+        positions: list[int] = []
+        for number, entry in enumerate(decoded.streams):
+            order = self.order(plan, first + number)
+            if entry.rows != order.total or entry.next_row != order.row_at(entry.position):
+                where = "the end of a share"
+                if entry.next_row is not None:
+                    split, row = entry.next_row
+                    where = f"{self.index.describe(split)} row {row}"
+                raise misplaced(where, settings, (first + number) % plan.num_workers)
+            positions.append(
+                TokenPosition(entry.position, entry.tokens) if entry.tokens else entry.position
+            )
+        return tuple(positions)

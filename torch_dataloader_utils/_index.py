@@ -35,7 +35,6 @@ from ._convert import converted_row_bytes
 from ._errors import DataSourceError, SchemaMismatchError
 from ._footers import TailFile, content_fingerprint
 from ._formats import FileFormat, FileMetadata
-from ._interleave import MAX_PIECE_ROWS
 from ._log import log, some_names
 from ._plan import Split, cut_splits
 from ._storage import FileEntry, Storage
@@ -44,8 +43,8 @@ __all__ = ["DatasetIndex", "IndexedFile", "build_index"]
 
 _PROGRESS_MIN_FILES = 64
 _MAX_READ_THREADS = 32
-# Rows one split may hold (a shuffle window's positions are exact integer arithmetic below it).
-MAX_SPLIT_ROWS = MAX_PIECE_ROWS
+# Rows one split may hold (a unit this long is more than any row group a writer makes).
+MAX_SPLIT_ROWS = 1 << 30
 # A state names at most this many groups of files, so its size does not grow with the file count.
 MAX_FILE_GROUPS = 256
 # Distinct schemas looked for when sharing one object among equal ones (usually there is one).
@@ -76,6 +75,12 @@ class DatasetIndex:
         rows = sum(f.metadata.num_rows for f in self.files)
         stored = sum(sum(f.metadata.unit_bytes) for f in self.files)
         return max(converted_row_bytes(self.schema), -(-stored // max(1, rows)), 1)
+
+    def unit_starts(self, split: int) -> npt.NDArray[np.int64]:
+        """The first row of each unit of ``split``, relative to the split's first row."""
+        units = self.splits[split].units
+        rows = self.files[self.splits[split].file].metadata.unit_rows[units.start : units.stop]
+        return np.cumsum((0, *rows[:-1]), dtype=np.int64)
 
     @cached_property
     def split_rows(self) -> npt.NDArray[np.int64]:

@@ -81,7 +81,6 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
                     arrivals.receive(next(packets, None), slots, pin)
                 batch = arrivals.take(worker)
                 if batch is not _NOTHING:
-                    progress.cursor = (worker + 1) % self.num_workers
                     yield batch
                 worker = (worker + 1) % self.num_workers
             failed = False
@@ -212,7 +211,7 @@ class _Arrivals:
         if isinstance(item, WorkerFailure):
             raise self._reraised(worker, item)
         batch, position = item
-        self._progress.positions[worker] = position
+        self._progress.record(worker, position, cursor=(worker + 1) % len(self._waiting))
         return batch
 
     def _reraised(self, worker: int, failure: WorkerFailure) -> BaseException:

@@ -2,20 +2,25 @@
 
 Nothing here does I/O; everything is a function of integers, a seed and an epoch.
 
-An epoch's *sequence* is the rows of its splits in the seeded order, minus what an earlier run
-already delivered (``base``). A *piece* is a row range of one split, so the sequence is a list of
-pieces. The sequence is dealt to the ``S = world_size * num_workers`` *streams* in contiguous
-shares that differ by at most one row; stream ``g = rank * num_workers + worker``. With
-``even`` every rank gets ``N // world_size`` rows, dealt to its workers alike on every rank, so
-every rank yields the same number of batches; the last ``N % world_size`` rows (fewer than
-``world_size``) are *left out* of the epoch.
+An epoch's *sequence* is the rows of its splits in the seeded order. A *piece* is a row range of
+one split, so the sequence is a list of pieces. The sequence is dealt to the
+``S = world_size * num_workers`` *streams* in contiguous shares that differ by at most one row;
+stream ``g = rank * num_workers + worker``. With ``even`` every rank gets ``N // world_size``
+rows, dealt to its workers alike on every rank, so every rank yields the same number of
+batches; the last ``N % world_size`` rows (fewer than ``world_size``) are *left out*.
+
+An elastic resume deals the rest of an epoch anew: the sequence of the next *generation* is,
+stream by stream, the rows each stream of the old deal had not delivered (then its left-out
+rows), each a piece whose "split" is the old stream; a new stream reads them in the old
+streams' order. So a plan is a chain of deals, and a position in any stream is one integer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from types import MappingProxyType
 
 import numpy as np
 import numpy.typing as npt
@@ -24,21 +29,18 @@ import xxhash
 from ._world import World
 
 __all__ = [
-    "Consumed",
     "Deal",
     "EpochPlan",
+    "Generation",
     "IntArray",
-    "Intervals",
     "Pieces",
     "Split",
     "cut_splits",
     "epoch_order",
-    "remaining_pieces",
+    "splitmix64",
 ]
 
 IntArray = npt.NDArray[np.int64]
-# Sorted, disjoint, non-empty ``(lo, hi)`` row ranges relative to a split's first row.
-Intervals = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,90 +118,6 @@ class Pieces:
         return int(self.ends[-1]) if len(self) else 0
 
 
-@dataclass(frozen=True)
-class Consumed:
-    """Rows an epoch has delivered: ``done[s]`` for whole splits, ``partial[s]`` of others."""
-
-    done: npt.NDArray[np.bool_]
-    partial: Mapping[int, Intervals]
-
-    @classmethod
-    def nothing(cls, num_splits: int) -> Consumed:
-        return cls(np.zeros(num_splits, dtype=bool), {})
-
-    def is_empty(self) -> bool:
-        return not (self.done.any() or self.partial)
-
-    def plus(self, pieces: Pieces, split_rows: IntArray) -> Consumed:
-        """This plus the rows of ``pieces``; a split whose rows are all covered becomes done.
-
-        Whole splits are set in the bitmap at once, and a piece that is the only news of a
-        split with no rows yet is its interval as it stands; only the rest are merged.
-        """
-        done = self.done.copy()
-        known = np.isin(pieces.splits, list(self.partial))
-        fresh = ~known & (pieces.lo == 0) & (pieces.hi == split_rows[pieces.splits])
-        done[pieces.splits[fresh]] = True
-        partial = {s: v for s, v in self.partial.items() if not done[s]}
-        rest = np.flatnonzero(~fresh & (pieces.hi > pieces.lo))
-        rest = rest[~done[pieces.splits[rest]]]
-        splits = pieces.splits[rest]
-        once = np.isin(splits, _repeated(splits), invert=True) & ~known[rest]
-        lo, hi = pieces.lo[rest[once]].tolist(), pieces.hi[rest[once]].tolist()
-        partial.update(
-            (s, ((a, b),)) for s, a, b in zip(splits[once].tolist(), lo, hi, strict=True)
-        )
-        self._merge_into(partial, done, pieces.take(rest[~once]), split_rows)
-        return Consumed(done, partial)
-
-    @staticmethod
-    def _merge_into(
-        partial: dict[int, Intervals],
-        done: npt.NDArray[np.bool_],
-        pieces: Pieces,
-        split_rows: IntArray,
-    ) -> None:
-        """Merge ``pieces`` into ``partial``; splits they complete move to ``done``."""
-        ranges: dict[int, list[tuple[int, int]]] = {}
-        for s, lo, hi in zip(
-            pieces.splits.tolist(), pieces.lo.tolist(), pieces.hi.tolist(), strict=True
-        ):
-            ranges.setdefault(s, list(partial.get(s, ()))).append((lo, hi))
-        for s, items in ranges.items():
-            merged = merge_intervals(items)
-            if merged == ((0, int(split_rows[s])),):
-                done[s] = True
-                partial.pop(s, None)
-            else:
-                partial[s] = merged
-
-    def union(self, other: Consumed, split_rows: IntArray) -> Consumed:
-        pieces = _partial_pieces(other.partial)
-        return Consumed(self.done | other.done, self.partial).plus(pieces, split_rows)
-
-
-def merge_intervals(items: Iterable[tuple[int, int]]) -> Intervals:
-    """Sorted, disjoint union of ``(lo, hi)`` ranges; empty ranges vanish."""
-    merged: list[list[int]] = []
-    for lo, hi in sorted(i for i in items if i[1] > i[0]):
-        if merged and lo <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    return tuple((lo, hi) for lo, hi in merged)
-
-
-def _repeated(values: IntArray) -> IntArray:
-    """The values that occur more than once."""
-    unique, counts = np.unique(values, return_counts=True)
-    repeated: IntArray = unique[counts > 1]
-    return repeated
-
-
-def _partial_pieces(partial: Mapping[int, Intervals]) -> Pieces:
-    return Pieces.of([(s, lo, hi) for s, ranges in partial.items() for lo, hi in ranges])
-
-
 def cut_splits(
     unit_bytes: Sequence[Sequence[int]], unit_rows: Sequence[Sequence[int]], split_bytes: int
 ) -> list[Split]:
@@ -239,38 +157,18 @@ def epoch_order(num_splits: int, seed: int, epoch: int, shuffle: bool) -> IntArr
     index = np.arange(num_splits, dtype=np.int64)
     if shuffle:
         key = np.uint64(xxhash.xxh64_intdigest(f"{seed}:{epoch}".encode()))
-        index = np.argsort(_splitmix64(index.astype(np.uint64) + key), kind="stable")
+        index = np.argsort(splitmix64(index.astype(np.uint64) + key), kind="stable")
         index = index.astype(np.int64, copy=False)
     index.flags.writeable = False
     return index
 
 
-def _splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+def splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     with np.errstate(over="ignore"):
         z = x * np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         return z ^ (z >> np.uint64(31))
-
-
-def remaining_pieces(order: IntArray, consumed: Consumed, split_rows: IntArray) -> Pieces:
-    """The rows of the splits in ``order`` that ``consumed`` has not delivered, as pieces."""
-    splits = order[~consumed.done[order]]
-    hi = split_rows[splits].astype(np.int64)
-    if not consumed.partial:
-        return Pieces(splits, np.zeros(len(splits), dtype=np.int64), hi)
-    items: list[tuple[int, int, int]] = []
-    for split, length in zip(splits.tolist(), hi.tolist(), strict=True):
-        ranges = consumed.partial.get(split)
-        gaps = _gaps(ranges, length) if ranges else [(0, length)]
-        items.extend((split, a, b) for a, b in gaps)
-    return Pieces.of(items)
-
-
-def _gaps(ranges: Intervals, length: int) -> list[tuple[int, int]]:
-    """The complement of ``ranges`` in ``[0, length)``."""
-    bounds = [0, *(v for r in ranges for v in r), length]
-    return [(a, b) for a, b in zip(bounds[::2], bounds[1::2], strict=True) if b > a]
 
 
 @dataclass(frozen=True)
@@ -338,37 +236,104 @@ def deal(sequence: Pieces, *, world_size: int, num_workers: int, even: bool) -> 
 
 
 @dataclass(frozen=True)
-class EpochPlan:
-    """One epoch: the splits in ``order`` minus ``base``, dealt to ``world_size * workers`` streams.
+class Generation:
+    """Where the streams of a deal stood when an elastic resume dealt the rest anew.
 
-    ``base`` is empty for a fresh epoch; an elastic resume deals only what its checkpoints had
-    not delivered, so it starts from their union.
+    ``positions[g]``: rows stream ``g`` had delivered; ``tokens[g]``: tokens of its next row
+    already delivered (token packing; 0 otherwise).
+    """
+
+    world_size: int
+    num_workers: int  # the DataLoader's, as the state records it
+    even: bool
+    positions: IntArray
+    tokens: IntArray
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch's deal to ``world_size * num_workers`` streams.
+
+    A first deal shares the epoch's split order; a later one (``previous``) shares the rows the
+    previous deal's streams had not delivered. ``skips``: rows of the sequence an earlier deal
+    cut mid-document, with their tokens already delivered.
     """
 
     epoch: int
-    order: IntArray
-    base: Consumed
     world_size: int
     num_workers: int  # streams per rank (at least 1)
     even: bool
     deal: Deal
+    previous: EpochPlan | None = None
+    skips: Mapping[int, int] = field(default_factory=dict)
 
     @classmethod
-    def build(
+    def first(
         cls,
         *,
         epoch: int,
         order: IntArray,
-        base: Consumed,
         split_rows: IntArray,
         world_size: int,
         num_workers: int,
         even: bool,
     ) -> EpochPlan:
         workers = max(1, num_workers)
-        sequence = remaining_pieces(order, base, split_rows)
+        sequence = Pieces(order, np.zeros(len(order), dtype=np.int64), split_rows[order])
         dealt = deal(sequence, world_size=world_size, num_workers=workers, even=even)
-        return cls(epoch, order, base, world_size, workers, even, dealt)
+        return cls(epoch, world_size, workers, even, dealt)
+
+    def then(self, generation: Generation, *, world_size: int, num_workers: int,
+             even: bool) -> EpochPlan:  # fmt: skip
+        """The rows this deal's streams had not delivered at ``generation``, dealt anew.
+
+        The old left-out rows come last, as stream ``streams`` of this deal: a chain of elastic
+        resumes leaves out only what its last deal leaves out.
+        """
+        streams = self.deal.streams
+        ids = np.arange(streams + 1, dtype=np.int64)
+        lo = np.concatenate((generation.positions, [0]))
+        hi = np.concatenate((self.deal.shares, [self.deal.left_out().total]))
+        keep = hi > lo
+        sequence = Pieces(ids[keep], lo[keep], hi[keep])
+        workers = max(1, num_workers)
+        dealt = deal(sequence, world_size=world_size, num_workers=workers, even=even)
+        starts = sequence.ends - sequence.rows
+        skips: dict[int, int] = {}
+        tokens = np.concatenate((generation.tokens, [0]))
+        for start, g, first in zip(starts.tolist(), ids[keep].tolist(), lo[keep].tolist(),
+                                   strict=True):  # fmt: skip
+            cut = int(tokens[g])  # the old stream's next row, partly delivered
+            if cut:
+                skips[start] = cut
+            for row, count in self.stream_skips(g).items():
+                if row > first or (row == first and not cut):
+                    skips[start + row - first] = count
+        return EpochPlan(
+            self.epoch, world_size, workers, even, dealt, previous=self,
+            skips=MappingProxyType(skips),
+        )  # fmt: skip
+
+    @property
+    def generation(self) -> int:
+        """How many elastic resumes this epoch's plan has been through."""
+        return 0 if self.previous is None else self.previous.generation + 1
+
+    def stream_share(self, stream: int) -> Pieces:
+        """The pieces stream ``stream`` reads, in order (``streams``: the left-out rows)."""
+        if stream == self.deal.streams:
+            return self.deal.left_out()
+        return self.deal.share(stream)
+
+    def stream_skips(self, stream: int) -> dict[int, int]:
+        """``skips`` as rows of stream ``stream``'s share."""
+        if not self.skips:
+            return {}
+        bounds = self.deal.start(np.array([stream, stream + 1], dtype=np.int64)).tolist()
+        if stream == self.deal.streams:
+            bounds = [bounds[0], self.deal.sequence.total]
+        lo, hi = bounds
+        return {row - lo: tokens for row, tokens in self.skips.items() if lo <= row < hi}
 
     def stream(self, world: World) -> Pieces:
         """The pieces stream ``world`` reads, in order."""

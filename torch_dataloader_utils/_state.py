@@ -1,57 +1,87 @@
+"""The checkpoint state: its schema (version 4), how it is written, and how it is validated.
+
+A state is plain JSON-safe builtins::
+
+    version, epoch                      int
+    _num_workers, _rank, _world_size    int      the DataLoader's and DDP's, at save time
+    _shuffle, _shuffle_seed             bool, int
+    _split_bytes, _format               int, str
+    _even_batches                       bool
+    _shuffle_memory_bytes               int      the shuffle's memory budget per stream
+    _shuffle_window_rows                int      rows of a shuffle window (0 unshuffled)
+    _packing                            list | null   TokenPacking.setting
+    files        {"count", "digest", "groups": [[first, last, count, digest], ...], "root"}
+    num_splits                          int
+    streams      one entry per worker stream of this rank, in worker order:
+                 [position, tokens, rows, path, row_offset, row_length, fingerprint, row]:
+                 rows handed out, tokens of the next row handed out, the stream's rows, and
+                 the split and row (within the split) it hands out next; [position, 0, rows]
+                 once it has handed out all its rows
+    generations  the deals this epoch had before elastic resumes, oldest first:
+                 [world_size, num_workers, even_batches, positions, tokens] with every
+                 stream's position and tokens as zlib + base64 int64 arrays
+    cursor                              int      the worker whose batch comes next
+
+The plan (which rows each stream reads, in which order) is a pure function of the files, the
+settings above and the generations, so a position per stream is an exact place in the epoch;
+the split key and row of each stream's next row, and the files digest, make it content-
+addressed: a changed file, split or plan fails to match, and the error names the split.
+"""
+
 from __future__ import annotations
 
 import base64
 import binascii
 import functools
-import itertools
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from ._errors import CheckpointMismatchError, InvalidStateError
 from ._index import DatasetIndex
-from ._plan import Consumed, Intervals, merge_intervals
+from ._plan import Generation, IntArray
 from ._world import World
 
 __all__ = [
+    "ELASTIC_FIELDS",
     "STATE_VERSION",
-    "Cuts",
+    "Decoded",
     "Settings",
+    "StreamEntry",
     "check_coverage",
     "check_same_epoch",
     "check_setting",
+    "check_shape",
     "decode",
-    "decode_cuts",
     "encode",
     "merge_states",
     "misplaced",
     "stored_split",
 ]
 
-STATE_VERSION = 3
-# Rows a packed stream cut mid-document: (split id, row of the split) -> tokens delivered.
-Cuts = Mapping[tuple[int, int], int]
+STATE_VERSION = 4
 
 _KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "version": int, "epoch": int, "_num_workers": int, "_shuffle_seed": int, "_shuffle": bool,
     "_split_bytes": int, "_rank": int, "_world_size": int, "_format": str,
-    "_even_batches": bool, "_shuffle_window": int, "files": dict,
-    "num_splits": int, "done": str, "partial": list, "base": (dict, type(None)), "cursor": int,
-    "_packing": (list, type(None)), "tokens": list,
+    "_even_batches": bool, "_shuffle_memory_bytes": int, "_shuffle_window_rows": int,
+    "files": dict,
+    "num_splits": int, "streams": list, "generations": list, "cursor": int,
+    "_packing": (list, type(None)),
 }  # fmt: skip
 _SIGNED_KEYS = ("_shuffle_seed",)
 # Versions this library refuses, with why their progress cannot be carried over.
 _OLD_VERSIONS = {
     1: "saved before rows were dealt to streams row by row",
     2: "which names files by absolute path with fingerprints of their mtime or ETag, where "
-    "version 3 names them below the dataset root with fingerprints of their content (and "
-    "records token packing)",
+    "version 4 names them below the dataset root with fingerprints of their content",
+    3: "which mixed a shuffle window's splits in storage order, where version 4 delivers a "
+    "window's rows in a random order (the same position means other rows)",
 }
-_ELASTIC_FIELDS = ("world_size", "rank", "num_workers", "even_batches")
+ELASTIC_FIELDS = ("world_size", "rank", "num_workers", "even_batches")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +92,8 @@ class Settings:
     split_bytes: int
     shuffle: bool
     shuffle_seed: int
-    window: int  # splits mixed together per stream: 1 without shuffle
+    memory_bytes: int  # shuffle_memory_bytes
+    window_rows: int  # rows of a shuffle window: 0 without shuffle
     rank: int
     world_size: int
     num_workers: int
@@ -77,18 +108,35 @@ class Settings:
         return World(self.rank, self.world_size, worker, self.streams_per_rank)
 
 
+@dataclass(frozen=True)
+class StreamEntry:
+    """One stream of a state: rows and tokens handed out, its rows, and the split and row it
+    hands out next (``None`` at its end)."""
+
+    position: int
+    tokens: int
+    rows: int
+    next_row: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A validated state, by split id: its generations and this rank's streams."""
+
+    generations: tuple[Generation, ...]
+    streams: tuple[StreamEntry, ...]
+
+
 def encode(
     *,
     epoch: int,
-    delivered: Consumed,
-    base: Consumed,
+    streams: Sequence[StreamEntry],
+    generations: Sequence[Generation],
     cursor: int,
     index: DatasetIndex,
     settings: Settings,
-    cuts: Cuts = MappingProxyType({}),
 ) -> dict[str, Any]:
-    """The state dict of an epoch in which ``delivered`` (dealt after ``base``) is done, and
-    ``cuts`` tokens of rows not yet wholly delivered."""
+    """The state dict of an epoch whose streams of this rank stand at ``streams``."""
     return {
         "version": STATE_VERSION,
         "epoch": epoch,
@@ -100,7 +148,8 @@ def encode(
         "_world_size": settings.world_size,
         "_format": settings.format,
         "_even_batches": settings.even_batches,
-        "_shuffle_window": settings.window,
+        "_shuffle_memory_bytes": settings.memory_bytes,
+        "_shuffle_window_rows": settings.window_rows,
         "_packing": settings.packing,
         "files": {
             "count": len(index.files),
@@ -109,60 +158,129 @@ def encode(
             "root": index.root,  # where the names were relative to, for messages only
         },
         "num_splits": len(index.splits),
-        "done": _pack_bits(delivered.done),
-        "partial": _partial_rows(delivered.partial, index),
-        "base": None
-        if base.is_empty()
-        else {"done": _pack_bits(base.done), "partial": _partial_rows(base.partial, index)},
+        "streams": [_encode_stream(e, index) for e in streams],
+        "generations": [_encode_generation(g) for g in generations],
         "cursor": cursor,
-        "tokens": [
-            [*_split_key(split, index), row, count] for (split, row), count in sorted(cuts.items())
-        ],
     }
+
+
+def _encode_stream(entry: StreamEntry, index: DatasetIndex) -> list[Any]:
+    head = [entry.position, entry.tokens, entry.rows]
+    if entry.next_row is None:
+        return head
+    split, row = entry.next_row
+    return [*head, *_split_key(split, index), row]
+
+
+def _encode_generation(generation: Generation) -> list[Any]:
+    return [
+        generation.world_size,
+        generation.num_workers,
+        generation.even,
+        _packed_ints(generation.positions.tobytes()),
+        _packed_ints(generation.tokens.tobytes()),
+    ]
+
+
+@functools.lru_cache(maxsize=16)
+def _packed_ints(raw: bytes) -> str:
+    """zlib + base64 of little-endian int64s; cached (a generation is written with every state)."""
+    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
 
 
 def decode(
     state: Mapping[str, Any], *, index: DatasetIndex, settings: Settings, elastic: bool = False
-) -> tuple[Consumed, Consumed]:
-    """Validate ``state`` against the dataset; return ``(delivered, base)`` by split id."""
-    _check_shape(state)
+) -> Decoded:
+    """Validate ``state`` against the dataset and settings; its generations and streams."""
+    check_shape(state)
     _check_settings(state, settings, elastic)
     _check_files(state, index)
-    done = _consumed(state["done"], state["partial"], index, "done")
-    if state["base"] is None:
-        return done, Consumed.nothing(len(index.splits))
-    if not isinstance(state["base"], dict) or set(state["base"]) != {"done", "partial"}:
-        raise InvalidStateError("state key 'base' must be null or {'done': str, 'partial': list}")
-    return done, _consumed(state["base"]["done"], state["base"]["partial"], index, "base.done")
+    # rows of a shuffle window, from the budget and the files' bytes per row of the columns
+    # read: compared once the files are known to agree
+    check_setting(
+        "shuffle_window_rows", state["_shuffle_window_rows"], settings.window_rows,
+        stored_split(state),
+    )  # fmt: skip
+    generations = tuple(_decode_generation(g, i) for i, g in enumerate(state["generations"]))
+    streams = tuple(_decode_stream(e, i, index) for i, e in enumerate(state["streams"]))
+    return Decoded(generations, streams)
 
 
-def decode_cuts(state: Mapping[str, Any], index: DatasetIndex, delivered: Consumed) -> Cuts:
-    """The rows ``state`` cut mid-document, validated against the files and ``delivered``."""
-    cuts: dict[tuple[int, int], int] = {}
-    for entry in state.get("tokens", ()):
-        if not (
-            isinstance(entry, list)
-            and len(entry) == 6
-            and all(type(v) is int for v in (entry[1], entry[2], entry[4], entry[5]))
-        ):
-            raise InvalidStateError(
-                f"tokens entry {entry!r}: expected [path, row_offset, row_length, fingerprint, "
-                f"row, tokens delivered]"
-            )
-        split = _split_of(entry[:4], index)
-        row, count = entry[4], entry[5]
-        taken = delivered.done[split] or any(
-            lo <= row < hi for lo, hi in delivered.partial.get(split, ())
+def _decode_generation(entry: object, number: int) -> Generation:
+    key = f"generations[{number}]"
+    if not (
+        isinstance(entry, list)
+        and len(entry) == 5
+        and type(entry[0]) is int
+        and type(entry[1]) is int
+        and isinstance(entry[2], bool)
+        and isinstance(entry[3], str)
+        and isinstance(entry[4], str)
+        and entry[0] >= 1
+        and entry[1] >= 0
+    ):
+        raise InvalidStateError(
+            f"state key {key!r} must be [world_size >= 1, num_workers >= 0, even_batches, "
+            f"positions, tokens], got {entry!r:.200}"
         )
-        if not 0 <= row < entry[2] or count < 1 or taken or (split, row) in cuts:
-            raise InvalidStateError(
-                f"tokens entry {entry!r}: row {row} is not a row of the split partly delivered"
-            )
-        cuts[split, row] = count
-    return cuts
+    positions = _unpacked_ints(entry[3], f"{key}.positions")
+    tokens = _unpacked_ints(entry[4], f"{key}.tokens")
+    streams = entry[0] * max(1, entry[1])
+    if (
+        len(positions) != streams
+        or len(tokens) != streams
+        or (positions < 0).any()
+        or (tokens < 0).any()
+    ):
+        raise InvalidStateError(
+            f"state key {key!r} must hold {streams} non-negative positions and tokens (one per "
+            f"stream of world_size={entry[0]} x num_workers={entry[1]}): the state is corrupted"
+        )
+    return Generation(entry[0], entry[1], entry[2], positions, tokens)
 
 
-def _check_shape(state: object) -> None:
+def _unpacked_ints(text: str, key: str) -> IntArray:
+    try:
+        raw = zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True))
+    except (binascii.Error, zlib.error, UnicodeEncodeError) as exc:
+        raise InvalidStateError(f"state key {key!r} is corrupted: {exc}") from exc
+    if len(raw) % 8:
+        raise InvalidStateError(f"state key {key!r} is corrupted: not a list of int64")
+    values: IntArray = np.frombuffer(raw, dtype="<i8").astype(np.int64)
+    return values
+
+
+def _decode_stream(entry: object, number: int, index: DatasetIndex) -> StreamEntry:
+    if not (_is_stream(entry) and isinstance(entry, list)):
+        raise InvalidStateError(
+            f"state key 'streams[{number}]' must be [position, tokens, rows, path, row_offset, "
+            f"row_length, fingerprint, row] with position < rows, or [rows, 0, rows] at the "
+            f"stream's end, got {entry!r:.200}"
+        )
+    next_row = None if len(entry) == 3 else (_split_of(entry[3:7], index), entry[7])
+    return StreamEntry(entry[0], entry[1], entry[2], next_row)
+
+
+def _is_stream(entry: object) -> bool:
+    if not (
+        isinstance(entry, list)
+        and len(entry) in (3, 8)
+        and all(type(v) is int and v >= 0 for v in entry[:3])
+    ):
+        return False
+    position, tokens, rows = entry[:3]
+    if len(entry) == 3:
+        return bool(position == rows and tokens == 0)
+    return bool(
+        position < rows
+        and isinstance(entry[3], str)
+        and isinstance(entry[6], str)
+        and all(type(v) is int and v >= 0 for v in (entry[4], entry[5], entry[7]))
+        and entry[7] < entry[5]
+    )
+
+
+def check_shape(state: object) -> None:
     if not isinstance(state, Mapping):
         raise InvalidStateError(f"a state must be a dict, got {type(state).__name__}")
     version = state.get("version")
@@ -199,7 +317,9 @@ def _check_settings(state: Mapping[str, Any], settings: Settings, elastic: bool)
         "split_bytes": (state["_split_bytes"], settings.split_bytes),
         "shuffle": (state["_shuffle"], settings.shuffle),
         "shuffle_seed": (state["_shuffle_seed"], settings.shuffle_seed),
-        "shuffle_window": (state["_shuffle_window"], settings.window),
+        "shuffle_memory_bytes": (state["_shuffle_memory_bytes"], settings.memory_bytes)
+        if settings.shuffle
+        else (0, 0),
         "world_size": (state["_world_size"], settings.world_size),
         "rank": (state["_rank"], settings.rank),
         # which rows an evened epoch leaves out, and so where it ends, depends on it (after
@@ -211,7 +331,7 @@ def _check_settings(state: Mapping[str, Any], settings: Settings, elastic: bool)
         "packing": (state["_packing"], settings.packing),
     }
     for name, (expected, found) in pairs.items():
-        if elastic and name in _ELASTIC_FIELDS:
+        if elastic and name in ELASTIC_FIELDS:
             continue
         check_setting(name, expected, found, stored_split(state))
 
@@ -224,7 +344,9 @@ def check_setting(name: str, expected: object, found: object, split: str) -> Non
     if name == "num_workers" and max(1, expected) == max(1, found):  # type: ignore[call-overload]
         return
     hint = ""
-    if name in _ELASTIC_FIELDS:
+    if name == "shuffle_window_rows":
+        hint = " (the rows of a shuffle window follow the bytes per row of the columns read)"
+    if name in ELASTIC_FIELDS:
         hint = " (pass elastic=True with every rank's state to re-deal the rest of the epoch)"
     what = f"the state of rank {expected}" if name == "rank" else "this checkpoint"
     raise CheckpointMismatchError(
@@ -236,13 +358,13 @@ def check_setting(name: str, expected: object, found: object, split: str) -> Non
 
 
 def stored_split(state: Mapping[str, Any]) -> str:
-    """A split the state names, for messages: its first partial split, else its first file."""
+    """A split the state names, for messages: its first stream's, else its first file."""
     try:
-        partial = state["partial"]
         root = state["files"].get("root")
-        if partial and isinstance(partial[0], list) and len(partial[0]) == 5:
-            path, offset, length = partial[0][:3]
-            return f"{_located(root, path)} rows [{offset}, {offset + length})"
+        for entry in state["streams"]:
+            if isinstance(entry, list) and len(entry) == 8:
+                path, offset, length = entry[3:6]
+                return f"{_located(root, path)} rows [{offset}, {offset + length})"
         return f"{_located(root, state['files']['groups'][0][0])} (full file)"
     except (KeyError, TypeError, IndexError, AttributeError):
         return "(no split named in the state)"
@@ -316,28 +438,6 @@ def _file_drift(
     )  # fmt: skip
 
 
-def _consumed(bits: str, partial: Sequence[Any], index: DatasetIndex, key: str) -> Consumed:
-    done = _unpack_bits(bits, len(index.splits), key)
-    rows: dict[int, Intervals] = {}
-    for entry in partial:
-        if not (
-            isinstance(entry, list)
-            and len(entry) == 5
-            and isinstance(entry[0], str)
-            and isinstance(entry[3], str)
-            and all(type(v) is int for v in (entry[1], entry[2]))
-            and isinstance(entry[4], list)
-            and all(type(v) is int for v in entry[4])
-        ):
-            raise InvalidStateError(
-                f"partial entry {entry!r}: expected [path, row_offset, row_length, "
-                f"fingerprint, [lo, hi, ...] rows delivered]"
-            )
-        split = _split_of(entry[:4], index)
-        rows[split] = _intervals(entry[4], entry[2], entry, done[split])
-    return Consumed(done, rows)
-
-
 def _split_of(key: Sequence[Any], index: DatasetIndex) -> int:
     """The split a stored ``[path, row_offset, row_length, fingerprint]`` names, if unchanged."""
     path, offset, length, fingerprint = key
@@ -363,22 +463,6 @@ def _split_key(split: int, index: DatasetIndex) -> tuple[Any, ...]:
     return f.name, s.row_offset, s.row_length, f.fingerprint
 
 
-def _intervals(bounds: list[int], length: int, entry: object, done: bool) -> Intervals:
-    """Stored ``[lo, hi, lo, hi, ...]`` as intervals: sorted, disjoint, within, not all rows."""
-    pairs = tuple(zip(bounds[::2], bounds[1::2], strict=False))
-    if (
-        done
-        or len(bounds) % 2
-        or not pairs
-        or merge_intervals(pairs) != pairs
-        or pairs[0][0] < 0
-        or pairs[-1][1] > length
-        or pairs == ((0, length),)
-    ):
-        raise InvalidStateError(f"partial entry {entry!r}: delivered rows out of range")
-    return pairs
-
-
 def misplaced(split: str, settings: Settings, worker: int | None) -> CheckpointMismatchError:
     """The state's progress is not where the plan puts any stream of this rank."""
     where = "any worker" if worker is None else f"worker {worker}"
@@ -390,37 +474,6 @@ def misplaced(split: str, settings: Settings, worker: int | None) -> CheckpointM
         f"or loader: checkpoint=out-of-order progress, current={where} of rank {settings.rank}",
         split=split, field="plan", expected="a position of each worker's share", found=where,
     )  # fmt: skip
-
-
-def _partial_rows(partial: Mapping[int, Intervals], index: DatasetIndex) -> list[list[Any]]:
-    """``[*split key, [lo, hi, lo, hi, ...]]`` per split in progress (hundreds per call with
-    many workers and wide shuffle windows: kept to one list per entry)."""
-    return [
-        [*_split_key(split, index), list(itertools.chain.from_iterable(ranges))]
-        for split, ranges in sorted(partial.items())
-    ]
-
-
-def _pack_bits(done: np.ndarray) -> str:
-    return _compressed(np.packbits(done).tobytes())
-
-
-@functools.lru_cache(maxsize=8)
-def _compressed(bits: bytes) -> str:
-    """zlib + base64 of a bitmap; cached, since it changes only when a split completes and
-    compressing 100,000 shuffled bits costs a millisecond (StatefulDataLoader asks every step)."""
-    return base64.b64encode(zlib.compress(bits, 6)).decode("ascii")
-
-
-def _unpack_bits(text: str, count: int, key: str) -> np.ndarray:
-    try:
-        raw = zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True))
-    except (binascii.Error, zlib.error, UnicodeEncodeError) as exc:
-        raise InvalidStateError(f"state key {key!r} is corrupted: {exc}") from exc
-    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))
-    if len(raw) != (count + 7) // 8 or bits[count:].any():
-        raise InvalidStateError(f"state key {key!r} is corrupted: expected {count} split bits")
-    return bits[:count].astype(bool)
 
 
 def check_coverage(states: Sequence[Mapping[str, Any]]) -> None:
@@ -455,26 +508,34 @@ def check_same_epoch(states: Sequence[Mapping[str, Any]]) -> None:
 
 def merge_states(
     states: Sequence[Mapping[str, Any]], *, index: DatasetIndex, settings: Settings
-) -> tuple[int, Consumed, Cuts]:
-    """Epoch, union of what every old rank delivered, and the rows they cut mid-document;
-    one state per old rank, same epoch."""
+) -> tuple[Mapping[str, Any], Decoded]:
+    """The old job's states as one: its first state (epoch and settings) and every stream of
+    every rank, in stream order; one state per old rank, same epoch, same deals before."""
     if not states:
         raise InvalidStateError("no states given: pass one state per rank of the old job")
     for state in states:
-        _check_shape(state)
+        check_shape(state)
     check_coverage(states)
     check_same_epoch(states)
-    merged = Consumed.nothing(len(index.splits))
-    cuts: dict[tuple[int, int], int] = {}
-    for state in states:
-        delivered, _ = decode(state, index=index, settings=settings, elastic=True)
-        merged = merged.union(delivered, index.split_rows)
-        for key, count in decode_cuts(state, index, delivered).items():
-            cuts[key] = max(count, cuts.get(key, 0))
-    for split, row in list(cuts):
-        if merged.done[split] or any(lo <= row < hi for lo, hi in merged.partial.get(split, ())):
+    first = min(states, key=lambda s: s["_rank"])
+    streams: list[StreamEntry] = []
+    for state in sorted(states, key=lambda s: s["_rank"]):
+        for name in ("_num_workers", "_even_batches", "generations"):
+            if state[name] != first[name]:
+                raise CheckpointMismatchError(
+                    f"the states of ranks {first['_rank']} and {state['_rank']} differ in "
+                    f"{name.lstrip('_')}: they are not of one job and step."
+                    f"\nLikely cause: states from different jobs: checkpoint="
+                    f"{first[name]!r:.80}, current={state[name]!r:.80}",
+                    split=stored_split(state), field=name.lstrip("_"), expected=first[name],
+                    found=state[name],
+                )  # fmt: skip
+        decoded = decode(state, index=index, settings=settings, elastic=True)
+        if len(decoded.streams) != max(1, state["_num_workers"]):
             raise InvalidStateError(
-                f"split {index.describe(split)}: one rank's state cut row {row} mid-document, "
-                f"another delivered it whole: the states are not of one step"
+                f"state key 'streams' of rank {state['_rank']} holds {len(decoded.streams)} "
+                f"entries for num_workers={state['_num_workers']}: the state is corrupted"
             )
-    return states[0]["epoch"], merged, cuts
+        streams.extend(decoded.streams)
+    generations = decode(first, index=index, settings=settings, elastic=True).generations
+    return first, Decoded(generations, tuple(streams))

@@ -1,10 +1,11 @@
 """Reading one stream: its pieces, from a position, as exact-size batches with provenance.
 
-A stream's *position* is how many rows of its share it has delivered. The share is read in
-*windows* of ``window`` consecutive pieces: a window of one piece is read front to back; a wider
-one mixes the rows of its pieces in the order of ``_interleave`` (every stretch of it samples all
-its pieces, each piece read front to back). Each batch carries the position just after its last
-row, so re-entering a stream at any batch reads only the row groups that hold its next rows.
+A stream's *position* is how many rows of its share it has delivered. Unshuffled, the share's
+pieces are read front to back; shuffled, window by window in the order of ``_order`` (a window's
+blocks are read, then its rows handed out in a keyed random permutation); after an elastic
+resume, as the rests of the old streams it was dealt, each in its old order. Each batch carries
+the position just after its last row, so re-entering a stream at any batch reads at most the
+window (unshuffled: the row group) that holds its next rows.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ import pyarrow.types as pat
 from ._errors import DataSourceError
 from ._formats import FileFormat
 from ._index import DatasetIndex, IndexedFile
-from ._interleave import counts_at, mixing_order
+from ._order import ShuffledShare, StreamOrder, permutation
 from ._plan import Pieces
 from ._prefetch import prefetch
 from ._remote import WINDOW, Group, Key, PieceReads, ReadAhead, RemoteObject, plan_groups
@@ -41,39 +41,36 @@ _MIN_CHUNK_ROWS = 256
 # rows decoded 65,536 at a time, ~70 MB a chunk, ran up to 4x slower on page faults).
 _READ_BYTES = 4 * 2**20
 _MAX_READ_ROWS = 65_536
-# Rows a mixed window's piece decodes at a time, and the window delivers at a time: bounded by
-# the memory budget. Small enough that the window's decoded chunks stay hot in memory: 32
-# pieces decoding 65,536 rows each ran 3x slower than one piece (page faults).
-_MAX_MIX_ROWS = 16_384
-# Bytes a mixed window's piece fetches at a time, at least (one GET per group).
+# Bytes a window's run of blocks fetches at a time, at least (one GET per group).
 _MIN_LANE_BYTES = 2**20
+# Rows gathered from a shuffle window at a time (at least a batch).
+_GATHER_ROWS = 16_384
 
 
 @dataclass(frozen=True, kw_only=True)
 class StreamSource:
-    """Everything one stream reads from: the files, how to open them, its pieces."""
+    """Everything one stream reads from: its order, the files and how to open them."""
 
-    index: DatasetIndex
+    order: StreamOrder
     storage: Storage
     fmt: FileFormat
-    pieces: Pieces
-    window: int
     columns: tuple[str, ...] | None
     memory_bytes: int
 
     @property
+    def index(self) -> DatasetIndex:
+        return self.order.index
+
+    @property
     def total(self) -> int:
-        return int(self.pieces.rows.sum())
+        return self.order.total
 
     def describe_at(self, position: Position) -> str:
-        """The split(s) the rows just before ``position`` come from (a mixed window: all)."""
-        ends = np.cumsum(self.pieces.rows)
-        number = int(np.searchsorted(ends, max(0, position - 1), side="right"))
-        first = min(number, len(self.pieces) - 1) // self.window * self.window
-        names = [self.index.describe(int(s)) for s in self.pieces.splits[first:][: self.window]]
-        if len(names) == 1:
-            return names[0]
-        return f"one of {len(names)} mixed: " + ", ".join(names[:3]) + (" ..." * (len(names) > 3))
+        return self.order.describe_at(position)
+
+    def older(self, stream: int) -> StreamSource:
+        """Stream ``stream`` of the previous deal, whose rest this stream was dealt."""
+        return replace(self, order=self.order.older(stream))
 
     def read_rows(self, batch_size: int) -> int:
         """Rows per decoded chunk of a piece read in order."""
@@ -81,14 +78,8 @@ class StreamSource:
         return max(batch_size, rows)
 
     def lane_bytes(self) -> int:
-        """Bytes each piece of a mixed window fetches at a time (twice that in flight), so
-        the window's read-ahead stays within the memory budget."""
-        return int(np.clip(self.memory_bytes // (2 * self.window), _MIN_LANE_BYTES, WINDOW))
-
-    def mix_rows(self) -> int:
-        """Rows per decoded chunk of a mixed window, so ``window`` of them fit the budget."""
-        budget = self.memory_bytes // self.index.row_bytes()
-        return int(np.clip(budget // (self.window + 2), _MIN_CHUNK_ROWS, _MAX_MIX_ROWS))
+        """Bytes a run of a shuffle window fetches at a time (twice that in flight)."""
+        return int(np.clip(self.memory_bytes // 8, _MIN_LANE_BYTES, WINDOW))
 
 
 def read_stream(
@@ -122,42 +113,121 @@ def stream_chunks(
     source: StreamSource, *, start: Position, min_rows: int, read_ahead: int = 0
 ) -> Iterator[tuple[pa.RecordBatch, int]]:
     """Decoded chunks of at least ``min_rows`` rows from ``start``, each with the position
-    after its last row; with ``read_ahead`` > 0 decoded that many ahead in a thread."""
-    chunks = _chunks(source, start, source.read_rows(min_rows))
-    return prefetch(chunks, read_ahead) if read_ahead else chunks
+    after its last row; with ``read_ahead`` > 0 decoded ahead in a thread (shuffled: the next
+    window read while this one is handed out)."""
+    chunks = _chunks(source, start, source.read_rows(min_rows), read_ahead)
+    if read_ahead and source.order.shuffled is None:
+        return prefetch(chunks, read_ahead)
+    return chunks
 
 
 def _chunks(
-    source: StreamSource, start: Position, read_rows: int
+    source: StreamSource, start: Position, read_rows: int, read_ahead: int
 ) -> Iterator[tuple[pa.RecordBatch, int]]:
     """Decoded chunks of the stream from ``start``, each with the position after its last row."""
-    pieces, window = source.pieces, source.window
-    first_piece = int(np.searchsorted(pieces.ends, start, side="right"))
-    skip = start - int(pieces.ends[first_piece - 1]) if first_piece else start
-    opener = _Opener(source, first_piece, skip)
-    begin = 0
+    if source.order.plan.previous is not None:
+        return _rest_chunks(source, start, read_rows, read_ahead)
+    if source.order.shuffled is not None:
+        return _shuffled_chunks(source, source.order.shuffled, start, read_ahead)
+    return _ordered_chunks(source, start, read_rows)
+
+
+def _ordered_chunks(
+    source: StreamSource, start: Position, read_rows: int
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The share's pieces front to back from ``start``."""
+    pieces = source.order.pieces
+    first = int(np.searchsorted(pieces.ends, start, side="right"))
+    if first == len(pieces):
+        return
+    skip = start - int(pieces.ends[first - 1]) if first else start
+    opener = _Opener(source, pieces, first, skip)
     try:
-        for first in range(0, len(pieces), window):
-            part = pieces.take(slice(first, first + window))
-            rows = int(part.rows.sum())
-            if start < begin + rows:
-                offset = max(0, start - begin)
-                if len(part) == 1:
-                    read = _piece_read(source, pieces, first, offset)
-                    chunks = _piece_chunks(source, read, opener.open(read), read_rows)
-                else:
-                    chunks = _mixed_chunks(source, opener, first, part, offset)
-                for chunk, done in chunks:
-                    yield chunk, begin + done
-            begin += rows
+        for number in range(first, len(pieces)):
+            begin = int(pieces.ends[number] - pieces.rows[number])
+            read = _piece_read(source, pieces, number, skip if number == first else 0)
+            for chunk, done in _piece_chunks(source, read, opener.open(read), read_rows):
+                yield chunk, begin + done
     finally:
         opener.close()
+
+
+def _rest_chunks(
+    source: StreamSource, start: Position, read_rows: int, read_ahead: int
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """A later deal's share: the rests of old streams, each read in its old order."""
+    pieces = source.order.pieces
+    first = int(np.searchsorted(pieces.ends, start, side="right"))
+    for number in range(first, len(pieces)):
+        begin = int(pieces.ends[number] - pieces.rows[number])
+        lo, hi = int(pieces.lo[number]), int(pieces.hi[number])
+        older = source.older(int(pieces.splits[number]))
+        chunks = _chunks(older, lo + max(0, start - begin), read_rows, read_ahead)
+        try:
+            for chunk, done in chunks:
+                if done >= hi:
+                    yield chunk.slice(0, chunk.num_rows - (done - hi)), begin + hi - lo
+                    break
+                yield chunk, begin + done - lo
+        finally:
+            chunks.close()  # type: ignore[attr-defined]
+
+
+def _shuffled_chunks(
+    source: StreamSource, order: ShuffledShare, start: Position, read_ahead: int
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """A shuffled share from ``start``: each window read whole, then handed out in its keyed
+    permutation; with ``read_ahead`` the next window is read in a thread meanwhile."""
+    first = order.window_at(start)
+    windows: Iterator[tuple[pa.RecordBatch, int, int]] = (
+        _read_window(source, order, number) for number in range(first, len(order.ends))
+    )
+    if read_ahead:
+        windows = prefetch(windows, 1)
+    try:
+        for data, begin, key in windows:
+            rows = data.num_rows
+            index = permutation(rows, key)
+            for lo in range(max(0, start - begin), rows, _GATHER_ROWS):
+                hi = min(lo + _GATHER_ROWS, rows)
+                yield _gather(data, index[lo:hi]), begin + hi
+    finally:
+        windows.close()  # type: ignore[attr-defined]
+
+
+def _read_window(
+    source: StreamSource, order: ShuffledShare, number: int
+) -> tuple[pa.RecordBatch, int, int]:
+    """Window ``number``'s rows in storage order (adjacent blocks read as one run), its first
+    stream row and its key."""
+    blocks, begin, key = order.window(number)
+    runs = _runs_of(blocks)
+    opener = _Opener(source, runs, 0, 0)
+    schema = source.index.schema
+    parts: list[pa.RecordBatch] = []
+    lane_bytes = source.lane_bytes()
+    for number_in_window in range(len(runs)):
+        read = _piece_read(source, runs, number_in_window, 0)
+        handle = opener.open(read, lane_bytes)
+        rows = int(runs.rows[number_in_window])
+        parts.extend(_conform(c, schema) for c, _ in _piece_chunks(source, read, handle, rows))
+    return pa.concat_batches(parts), begin, key
+
+
+def _runs_of(blocks: Pieces) -> Pieces:
+    """Blocks in storage order with adjacent ones (same split, touching rows) joined."""
+    starts = np.ones(len(blocks), dtype=bool)
+    starts[1:] = (blocks.splits[1:] != blocks.splits[:-1]) | (blocks.lo[1:] != blocks.hi[:-1])
+    first = np.flatnonzero(starts)
+    last = np.append(first[1:], len(blocks)) - 1
+    return Pieces(blocks.splits[first], blocks.lo[first], blocks.hi[last])
 
 
 @dataclass(frozen=True)
 class _PieceRead:
     """What piece ``number`` of the stream reads: ``units`` of ``file``, of whose rows it skips
-    ``leading`` and then yields rows ``[done, want)`` of the piece (``done``: rows skipped)."""
+    ``leading`` and then yields rows ``[done, want)`` of the piece (``done``: rows skipped),
+    from row ``first_row`` of its split."""
 
     number: int
     split: int
@@ -166,6 +236,7 @@ class _PieceRead:
     leading: int
     done: int
     want: int
+    first_row: int
 
 
 def _piece_read(source: StreamSource, pieces: Pieces, number: int, skip: int) -> _PieceRead:
@@ -177,24 +248,25 @@ def _piece_read(source: StreamSource, pieces: Pieces, number: int, skip: int) ->
     units, leading = _units_for(
         file.metadata.unit_rows, split.units, split.row_offset + lo, split.row_offset + hi
     )
-    return _PieceRead(number, split_id, file, units, leading, skip, hi - lo + skip)
+    return _PieceRead(number, split_id, file, units, leading, skip, hi - lo + skip, lo)
 
 
 class _Opener:
     """Opens one stream's pieces; on object stores, fetches the bytes they read ahead of them.
 
-    Read one piece at a time, the stream has one read-ahead lane over all its pieces from where
-    it starts, so the next piece's first bytes travel while this one decodes. Each piece of a
-    mixed window has a lane of its own, sized so the window's lanes fit the memory budget. A lane
-    fetches exactly the byte groups its pieces read (``FileFormat.unit_spans``), nothing more.
+    Read in order, the stream has one read-ahead lane over all its pieces from where it starts,
+    so the next piece's first bytes travel while this one decodes. Each run of a shuffle window
+    has a lane of its own, sized to the memory budget. A lane fetches exactly the byte groups
+    its pieces read (``FileFormat.unit_spans``), nothing more.
     """
 
-    def __init__(self, source: StreamSource, first: int, skip: int) -> None:
+    def __init__(self, source: StreamSource, pieces: Pieces, first: int, skip: int) -> None:
         self._source = source
+        self._pieces = pieces
         self._remote = not source.storage.is_local
         self._lane = None
         self._planned_groups: dict[int, tuple[Group, ...]] = {}  # by piece, planned not opened
-        if self._remote and source.window == 1:
+        if self._remote and source.order.shuffled is None:
             self._lane = ReadAhead(self._planned(first, skip))
 
     def open(self, read: _PieceRead, lane_bytes: int | None = None) -> Any:
@@ -225,7 +297,7 @@ class _Opener:
 
     def _planned(self, first: int, skip: int) -> Iterator[tuple[Key, RemoteObject, Group]]:
         """The groups of pieces ``first, first + 1, ...`` in reading order (a lazy plan)."""
-        pieces = self._source.pieces
+        pieces = self._pieces
         for number in range(first, len(pieces)):
             read = _piece_read(self._source, pieces, number, skip if number == first else 0)
             groups = self._planned_groups[number] = self._groups(read, None)
@@ -268,67 +340,10 @@ def _piece_chunks(
         ) from exc
     if done != want:
         skip = read.done
-        lo = int(source.pieces.lo[read.number]) + skip
         raise DataSourceError(
             f"split {index.describe(read.split)} yielded {done - skip} of {want - skip} rows "
-            f"from row {lo}: the file changed while reading"
+            f"from row {read.first_row}: the file changed while reading"
         )
-
-
-class _PieceReader:
-    """One piece of a mixed window, read front to back and handed out ``take(n)`` rows at a time."""
-
-    def __init__(self, chunks: Iterator[tuple[pa.RecordBatch, int]]) -> None:
-        self._chunks = chunks
-        self._held: pa.RecordBatch | None = None
-
-    def take(self, rows: int) -> list[pa.RecordBatch]:
-        out: list[pa.RecordBatch] = []
-        while rows > 0:
-            if self._held is None or self._held.num_rows == 0:
-                self._held = next(self._chunks)[0]
-            part = self._held.slice(0, rows)
-            self._held = self._held.slice(part.num_rows)
-            out.append(part)
-            rows -= part.num_rows
-        return out
-
-    def close(self) -> None:
-        self._chunks.close()  # type: ignore[attr-defined]
-
-
-def _mixed_chunks(
-    source: StreamSource, opener: _Opener, first: int, pieces: Pieces, start: int
-) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """The window's rows in mixing order from its row ``start``, with the rows done after each.
-
-    ``pieces`` are the stream's pieces ``first, first + 1, ...``."""
-    rows = pieces.rows
-    total = int(rows.sum())
-    step = source.mix_rows()
-    counts = counts_at(rows, start)
-    schema = source.index.schema
-    with ExitStack() as stack:
-        readers = []
-        lane_bytes = source.lane_bytes()
-        for number in range(len(pieces)):
-            read = _piece_read(source, source.pieces, first + number, int(counts[number]))
-            handle = opener.open(read, lane_bytes)
-            reader = _PieceReader(_piece_chunks(source, read, handle, step))
-            stack.callback(reader.close)
-            readers.append(reader)
-        done = start
-        while done < total:
-            after = min(done + step, total)
-            following = counts_at(rows, after)
-            parts = [
-                part
-                for reader, a, b in zip(readers, counts.tolist(), following.tolist(), strict=True)
-                for part in reader.take(b - a)
-            ]
-            joined = pa.concat_batches([_conform(part, schema) for part in parts])
-            yield _gather(joined, mixing_order(rows, counts, following)), after
-            done, counts = after, following
 
 
 def _gather(batch: pa.RecordBatch, index: npt.NDArray[np.int64]) -> pa.RecordBatch:

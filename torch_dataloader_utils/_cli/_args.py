@@ -30,7 +30,12 @@ def add_settings(parser: argparse.ArgumentParser, *, plan: bool) -> None:
         "--shuffle", action=argparse.BooleanOptionalAction, help=f"shuffle splits and rows{of}"
     )
     parser.add_argument("--seed", type=int, metavar="N", help=f"shuffle_seed{of}")
-    parser.add_argument("--shuffle-window", type=int, metavar="N", help=f"splits mixed{of}")
+    parser.add_argument(
+        "--shuffle-memory-bytes",
+        type=byte_size,
+        metavar="N",
+        help=f"decoded bytes a shuffled stream holds, e.g. 256MiB{of}",
+    )
     parser.add_argument(
         "--even-batches",
         action=argparse.BooleanOptionalAction,

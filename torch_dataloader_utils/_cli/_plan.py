@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .._config import DEFAULT_SPLIT_BYTES
+from .._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES
 from .._dataset import StructuredDataset
 from .._epoch import Epochs, Start
 from .._plan import EpochPlan
@@ -42,7 +42,7 @@ def plan(args: argparse.Namespace) -> int:
         columns=args.columns.split(",") if args.columns else None,
         shuffle=bool(args.shuffle),
         shuffle_seed=args.seed or 0,
-        shuffle_window=args.shuffle_window,
+        shuffle_memory_bytes=args.shuffle_memory_bytes or DEFAULT_SHUFFLE_MEMORY_BYTES,
         split_bytes=args.split_bytes or DEFAULT_SPLIT_BYTES,
         rank=0,
         world_size=args.world_size or 1,
@@ -51,7 +51,7 @@ def plan(args: argparse.Namespace) -> int:
     )
     epochs = epochs_of(dataset)
     workers = args.num_workers or 0
-    dealt = epochs.plan(Start.fresh(args.epoch, len(epochs.index.splits)), workers)
+    dealt = epochs.plan(Start.fresh(args.epoch), workers)
     report = {
         "path": args.path,
         "settings": _settings(epochs, workers, args.epoch),
@@ -70,7 +70,8 @@ def _settings(epochs: Epochs, workers: int, epoch: int) -> Report:
         "split_bytes": settings.split_bytes,
         "shuffle": settings.shuffle,
         "shuffle_seed": settings.shuffle_seed,
-        "shuffle_window": settings.window,
+        "shuffle_memory_bytes": settings.memory_bytes,
+        "shuffle_window_rows": settings.window_rows,
         "even_batches": settings.even_batches,
         "world_size": settings.world_size,
         "num_workers": workers,
@@ -131,7 +132,7 @@ def _streams(epochs: Epochs, dealt: EpochPlan, batch_size: int) -> Report:
 
 def _render(report: Report) -> list[str]:
     s, totals = report["settings"], report["totals"]
-    shuffle = f"on, seed {s['shuffle_seed']}, window {s['shuffle_window']}"
+    shuffle = f"on, seed {s['shuffle_seed']}, window {s['shuffle_window_rows']:,} rows"
     files = [[f["path"], f["splits"], f["rows"], size(f["bytes"])] for f in report["files"]]
     streams = [
         [x["rank"], x["worker"], x["rows"], size(x["bytes"]), x["batches"]]

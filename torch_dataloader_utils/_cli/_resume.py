@@ -12,11 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .._config import DEFAULT_SHUFFLE_WINDOW
 from .._dataset import StructuredDataset
 from .._epoch import Epochs, Progress
 from .._errors import DataLoaderUtilsError
-from .._state import _check_shape
+from .._state import check_shape
 from ._files import BadInput, Found, find_states, read_checkpoint
 
 __all__ = ["SETTINGS", "epochs_for", "epochs_of", "load_states", "paths", "resume"]
@@ -27,7 +26,7 @@ SETTINGS = {
     "_split_bytes": "split_bytes",
     "_shuffle": "shuffle",
     "_shuffle_seed": "seed",
-    "_shuffle_window": "shuffle_window",
+    "_shuffle_memory_bytes": "shuffle_memory_bytes",
     "_even_batches": "even_batches",
     "_world_size": "world_size",
     "_num_workers": "num_workers",
@@ -39,7 +38,7 @@ def load_states(args: argparse.Namespace) -> Found:
     found = find_states(read_checkpoint(args.checkpoint, args.storage_options), args.key)
     for number, state in enumerate(found.states):
         try:
-            _check_shape(state)
+            check_shape(state)
         except DataLoaderUtilsError as exc:
             where = f"state {number} of {len(found.states)}" if len(found.states) > 1 else "state"
             under = f" under key {found.key!r}" if found.key else ""
@@ -55,18 +54,13 @@ def setting(args: argparse.Namespace, state: Mapping[str, Any], key: str) -> Any
 
 def epochs_for(state: Mapping[str, Any], args: argparse.Namespace, path: Sequence[str]) -> Epochs:
     """The dataset over ``path`` with the checkpoint's settings (and any overrides), as rank 0."""
-    shuffle = setting(args, state, "_shuffle")
-    window = getattr(args, "shuffle_window", None)
-    stored = state["_shuffle_window"]  # the default is stored too: pass that on as unset
-    if window is None and shuffle and state["_shuffle"] and stored != DEFAULT_SHUFFLE_WINDOW:
-        window = stored
     dataset = StructuredDataset(
         paths(path),
         setting(args, state, "_format"),
         split_bytes=setting(args, state, "_split_bytes"),
-        shuffle=shuffle,
+        shuffle=setting(args, state, "_shuffle"),
         shuffle_seed=setting(args, state, "_shuffle_seed"),
-        shuffle_window=window,
+        shuffle_memory_bytes=setting(args, state, "_shuffle_memory_bytes"),
         rank=0,
         world_size=setting(args, state, "_world_size"),
         even_batches=setting(args, state, "_even_batches"),

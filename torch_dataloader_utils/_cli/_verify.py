@@ -11,7 +11,7 @@ import argparse
 
 from .._epoch import Epochs
 from .._errors import CheckpointMismatchError
-from .._state import _ELASTIC_FIELDS, check_coverage, check_same_epoch
+from .._state import ELASTIC_FIELDS, check_coverage, check_same_epoch
 from ._args import add_settings
 from ._files import Found
 from ._output import EXIT_MISMATCH, EXIT_OK, percent
@@ -44,7 +44,7 @@ def verify(args: argparse.Namespace) -> int:
         summary = (_elastic if args.elastic else _ranks)(epochs, found, workers)
     except CheckpointMismatchError as exc:
         print(f"MISMATCH: {where} does not resume against {against}:\n{exc}")
-        if exc.field in _ELASTIC_FIELDS and not args.elastic:
+        if exc.field in ELASTIC_FIELDS and not args.elastic:
             print("(verify --elastic, given every old rank's state, checks an elastic resume)")
         return EXIT_MISMATCH
     print(f"OK: {where} resumes cleanly against {against}: {summary}")
@@ -77,5 +77,5 @@ def _elastic(epochs: Epochs, found: Found, workers: int) -> str:
     return (
         f"elastic, {len(found.states)} old rank state(s) of epoch {start.epoch}; "
         f"{int(deal.shares.sum())} rows remain for world_size {epochs.world_size} x "
-        f"{max(1, workers)} worker stream(s), {int(deal.left_out().rows.sum())} left out"
+        f"{max(1, workers)} worker stream(s), {deal.left_out().total} left out"
     )

@@ -1,0 +1,310 @@
+"""Pure: the order in which a shuffled stream delivers the rows of its share.
+
+A stream's share (pieces of splits, in the epoch's split order) is cut into *blocks*: runs of
+consecutive units (row groups / record batches) of at most ``block_rows`` rows, a unit longer
+than that sliced into near-equal parts. The blocks are put in a keyed random order and cut into
+*windows* of at most ``window_rows`` rows (near-equal, on block boundaries), so each window
+holds blocks from anywhere in the share: many splits, at random places inside them. A window's
+rows (its blocks in storage order, concatenated) are delivered in a keyed random permutation.
+
+Everything is integer arithmetic of our own (xxhash, splitmix64, a multiply-xorshift bijection),
+so every platform and numpy version computes the same order, and every worker, rank and resumed
+job recomputes it from ``(shuffle_seed, epoch, files, settings)`` without communication.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from ._index import DatasetIndex
+from ._plan import EpochPlan, IntArray, Pieces, splitmix64
+
+__all__ = [
+    "BLOCKS_PER_WINDOW",
+    "Shuffle",
+    "ShuffledShare",
+    "StreamOrder",
+    "cut_blocks",
+    "permutation",
+    "permuted",
+    "stream_key",
+]
+
+# A window holds at least this many blocks when the share needs more than one window: a batch,
+# drawn from the whole window, then samples that many places of the share.
+BLOCKS_PER_WINDOW = 64
+# A unit is never sliced into parts shorter than this (slices re-decode what precedes them).
+_MIN_SLICE_ROWS = 256
+# The bijection's multipliers (odd) and the rows it permutes at a time (fits the L2 cache).
+_MULTIPLIERS = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F)
+_CHUNK = 1 << 15
+
+
+def stream_key(seed: int, epoch: int, tag: str) -> int:
+    """The 64-bit key of one stream's order in one epoch (``tag`` names the stream)."""
+    return int(xxhash.xxh64_intdigest(f"{seed}:{epoch}:{tag}".encode()))
+
+
+def permutation(rows: int, key: int) -> npt.NDArray[np.int64]:
+    """A keyed random permutation of ``range(rows)``: position ``t`` delivers row ``out[t]``.
+
+    Four rounds of add-key, multiply by an odd constant and xor-shift permute the power of two
+    ``2^k >= rows``; a value that lands past ``rows`` is permuted again until it does not
+    (cycle walking), so ``out[t] == permuted(t, rows, key)``. Evaluated ``_CHUNK`` values at a
+    time, in cache.
+    """
+    out = np.empty(rows, dtype=np.int64)
+    for first in range(0, rows, _CHUNK):
+        out[first : first + _CHUNK] = _walk(
+            np.arange(first, min(first + _CHUNK, rows), dtype=np.uint32), rows, key
+        )
+    return out
+
+
+def permuted(position: int, rows: int, key: int) -> int:
+    """``permutation(rows, key)[position]`` without the rest."""
+    return int(_walk(np.array([position], dtype=np.uint32), rows, key)[0])
+
+
+def _walk(x: npt.NDArray[np.uint32], rows: int, key: int) -> npt.NDArray[np.uint32]:
+    """The bijection applied to ``x`` (values below ``rows``) until each lands below ``rows``."""
+    if rows <= 1:
+        return x
+    bits = int(rows - 1).bit_length()
+    x = _rounds(x, bits, key)
+    outside = np.flatnonzero(x >= rows)
+    while len(outside):
+        x[outside] = _rounds(x[outside], bits, key)
+        outside = outside[x[outside] >= rows]
+    return x
+
+
+def _rounds(x: npt.NDArray[np.uint32], bits: int, key: int) -> npt.NDArray[np.uint32]:
+    mask = np.uint32((1 << bits) - 1)
+    shift = np.uint32((bits + 1) // 2)
+    shifted = np.empty_like(x)
+    for number, multiplier in enumerate(_MULTIPLIERS):
+        x += np.uint32(splitmix64_int(key + number) & 0xFFFFFFFF)
+        x &= mask
+        x *= np.uint32(multiplier)
+        x &= mask
+        np.right_shift(x, shift, out=shifted)
+        x ^= shifted
+    return x
+
+
+def splitmix64_int(value: int) -> int:
+    """splitmix64 of one Python int (modulo 2^64)."""
+    return int(splitmix64(np.array([value & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0])
+
+
+def cut_blocks(pieces: Pieces, unit_starts: Callable[[int], IntArray], block_rows: int) -> Pieces:
+    """``pieces`` cut into blocks of at most ``block_rows`` rows on unit boundaries.
+
+    ``unit_starts(split)``: the first row of each unit of the split, relative to the split.
+    Consecutive units share a block while they fit; a longer unit is sliced into near-equal
+    parts of at least ``_MIN_SLICE_ROWS`` rows (each re-decodes the unit's rows before it, a
+    cost the docs state).
+    """
+    splits: list[IntArray] = []
+    bounds: list[IntArray] = []
+    for split, lo, hi in zip(pieces.splits.tolist(), pieces.lo.tolist(), pieces.hi.tolist(),
+                             strict=True):  # fmt: skip
+        starts = unit_starts(split)
+        inner = starts[(starts > lo) & (starts < hi)]
+        edges = _block_edges(np.concatenate(([lo], inner, [hi])), block_rows)
+        splits.append(np.full(len(edges) - 1, split, dtype=np.int64))
+        bounds.append(edges)
+    if not splits:
+        return Pieces.empty()
+    return Pieces(
+        np.concatenate(splits),
+        np.concatenate([b[:-1] for b in bounds]),
+        np.concatenate([b[1:] for b in bounds]),
+    )
+
+
+def _block_edges(units: IntArray, block_rows: int) -> IntArray:
+    """Block boundaries over unit boundaries ``units``: long units sliced, short ones joined."""
+    lengths = np.diff(units)
+    parts = np.maximum(1, -(-lengths // max(block_rows, _MIN_SLICE_ROWS)))
+    edges = [units[:1]]
+    for start, length, count in zip(units[:-1].tolist(), lengths.tolist(), parts.tolist(),
+                                    strict=True):  # fmt: skip
+        edges.append(start + (np.arange(1, count + 1, dtype=np.int64) * length) // count)
+    fine: IntArray = np.concatenate(edges)
+    # Join consecutive parts while a block stays within block_rows (greedy, left to right).
+    kept = [int(fine[0])]
+    for i in range(1, len(fine) - 1):
+        if int(fine[i + 1]) - kept[-1] > block_rows:
+            kept.append(int(fine[i]))
+    kept.append(int(fine[-1]))
+    return np.array(kept, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class ShuffledShare:
+    """One stream's share in its shuffled order: ``blocks`` in delivery order, cut into windows.
+
+    Window ``w`` holds ``blocks[bounds[w]:bounds[w + 1]]`` and ends after row ``ends[w]`` of
+    the stream; its rows are delivered in ``permutation(rows, window_key(w))`` order.
+    """
+
+    blocks: Pieces
+    bounds: IntArray
+    key: int
+
+    @classmethod
+    def build(
+        cls,
+        share: Pieces,
+        *,
+        unit_starts: Callable[[int], IntArray],
+        window_rows: int,
+        key: int,
+    ) -> ShuffledShare:
+        total = share.total
+        windows = max(1, -(-total // window_rows))
+        # One window: every row meets every other, blocks do not matter; else enough of them.
+        block_rows = total if windows == 1 else max(1, window_rows // BLOCKS_PER_WINDOW)
+        blocks = cut_blocks(share, unit_starts, block_rows)
+        order = np.argsort(splitmix64(np.arange(len(blocks), dtype=np.uint64) + np.uint64(key)))
+        blocks = blocks.take(order.astype(np.int64))
+        if not len(blocks):
+            return cls(blocks, np.zeros(1, dtype=np.int64), key)
+        # Near-equal windows, cut at the block boundary nearest each ideal end.
+        targets = (np.arange(1, windows, dtype=np.int64) * total) // windows
+        inner = np.searchsorted(blocks.ends, targets, side="left") + 1
+        bounds = np.unique(np.concatenate(([0], np.minimum(inner, len(blocks)), [len(blocks)])))
+        return cls(blocks, bounds.astype(np.int64), key)
+
+    @cached_property
+    def ends(self) -> IntArray:
+        """The stream row after each window."""
+        ends: IntArray = (
+            self.blocks.ends[self.bounds[1:] - 1]
+            if len(self.blocks)
+            else np.zeros(0, dtype=np.int64)
+        )
+        return ends
+
+    @property
+    def total(self) -> int:
+        return self.blocks.total
+
+    def window_at(self, position: int) -> int:
+        """The window holding stream row ``position`` (the last one at the end)."""
+        return max(
+            0, min(int(np.searchsorted(self.ends, position, side="right")), len(self.ends) - 1)
+        )
+
+    def row_at(self, position: int) -> tuple[int, int]:
+        """The split, and its row, delivered as stream row ``position``."""
+        number = self.window_at(position)
+        blocks, begin, key = self.window(number)
+        row = permuted(position - begin, blocks.total, key)
+        block = int(np.searchsorted(blocks.ends, row, side="right"))
+        start = int(blocks.ends[block] - blocks.rows[block])
+        return int(blocks.splits[block]), int(blocks.lo[block]) + row - start
+
+    def window(self, number: int) -> tuple[Pieces, int, int]:
+        """Window ``number``: its blocks in storage order, its first stream row, its key."""
+        part = self.blocks.take(slice(int(self.bounds[number]), int(self.bounds[number + 1])))
+        order = np.lexsort((part.lo, part.splits))
+        begin = int(self.ends[number - 1]) if number else 0
+        return part.take(order), begin, splitmix64_int(self.key + number + 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shuffle:
+    """How shuffled streams order their shares: the seed and the rows of a window."""
+
+    seed: int
+    window_rows: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamOrder:
+    """Which rows stream ``stream`` of ``plan`` delivers, and in which order.
+
+    A first deal's stream delivers its pieces of splits in order, or shuffled (``shuffled``);
+    a later deal's stream delivers pieces of the previous deal's streams, each in its order
+    (``older``). Stream ``plan.deal.streams`` stands for the rows the deal left out, in order.
+    """
+
+    index: DatasetIndex
+    plan: EpochPlan
+    stream: int
+    shuffle: Shuffle | None
+
+    @cached_property
+    def pieces(self) -> Pieces:
+        """The share: pieces of splits, or of the previous deal's streams."""
+        return self.plan.stream_share(self.stream)
+
+    @cached_property
+    def shuffled(self) -> ShuffledShare | None:
+        """The shuffled order of a first deal's stream; ``None``: its pieces in order."""
+        plan, shuffle = self.plan, self.shuffle
+        if shuffle is None or plan.previous is not None or self.stream == plan.deal.streams:
+            return None
+        return ShuffledShare.build(
+            self.pieces,
+            unit_starts=self.index.unit_starts,
+            window_rows=shuffle.window_rows,
+            key=stream_key(shuffle.seed, plan.epoch, f"{plan.world_size}x{plan.num_workers}/"
+                           f"{self.stream}"),
+        )  # fmt: skip
+
+    @property
+    def total(self) -> int:
+        return self.pieces.total
+
+    def older(self, stream: int) -> StreamOrder:
+        """Stream ``stream`` of the previous deal, whose rest this stream was dealt."""
+        assert self.plan.previous is not None
+        return replace(self, plan=self.plan.previous, stream=stream)
+
+    def row_at(self, position: int) -> tuple[int, int] | None:
+        """The split, and its row, the stream delivers as its row ``position`` (``None`` at the
+        end): what a checkpoint's position stands for, by content."""
+        if position >= self.total:
+            return None
+        if self.shuffled is not None:
+            return self.shuffled.row_at(position)
+        number, offset = self._piece_at(position)
+        if self.plan.previous is None:
+            return int(self.pieces.splits[number]), offset
+        return self.older(int(self.pieces.splits[number])).row_at(offset)
+
+    def describe_at(self, position: int) -> str:
+        """The split(s) the rows just before ``position`` come from (a shuffle window: all)."""
+        if not len(self.pieces):
+            return "an empty share"
+        position = min(max(0, position - 1), self.total - 1)
+        if self.shuffled is not None:
+            blocks = self.shuffled.window(self.shuffled.window_at(position))[0]
+            splits = list(dict.fromkeys(blocks.splits.tolist()))
+            names = ", ".join(self.index.describe(s) for s in splits[:3])
+            if len(splits) == 1:
+                return names
+            more = " ..." if len(splits) > 3 else ""
+            return f"one of {len(splits)} splits of a shuffle window: {names}{more}"
+        number, offset = self._piece_at(position)
+        if self.plan.previous is None:
+            return self.index.describe(int(self.pieces.splits[number]))
+        return self.older(int(self.pieces.splits[number])).describe_at(offset + 1)
+
+    def _piece_at(self, position: int) -> tuple[int, int]:
+        """The piece holding stream row ``position``, and that row's place in the piece's
+        split (or old stream)."""
+        pieces = self.pieces
+        number = int(np.searchsorted(pieces.ends, position, side="right"))
+        begin = int(pieces.ends[number] - pieces.rows[number])
+        return number, int(pieces.lo[number]) + position - begin
