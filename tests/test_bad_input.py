@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import base64
 import copy
 import os
-import zlib
 from pathlib import Path
 
 import _harness
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -22,7 +19,6 @@ from torch_dataloader_utils import (
     SchemaMismatchError,
     StructuredDataset,
 )
-from torch_dataloader_utils._plan import epoch_order
 
 # ---------------------------------------------------------------------------- files
 

@@ -216,9 +216,9 @@ def test_inspect_json_counts_delivered_rows(
     code, out, _ = run(capsys, "inspect", str(saved["all.json"]), "--json")
     report = json.loads(out)
     assert code == 0 and report["key"] is None
-    for rank in report["ranks"]:  # nothing done yet: every delivered row is in a partial split
-        assert rank["splits_done"] == 0
-        assert sum(p["delivered"] for p in rank["partial"]) == 24 * (3 + rank["rank"])
+    for rank in report["ranks"]:  # rows handed out per worker stream, and of its share
+        assert sum(s["rows"] for s in rank["streams"]) == 24 * (3 + rank["rank"])
+        assert all(s["rows"] < s["share"] and s["split"] for s in rank["streams"])
 
 
 def test_verify_elastic(
@@ -244,7 +244,7 @@ def test_verify_a_list_needs_every_rank(
 
 
 def _corrupt(state: dict[str, Any]) -> dict[str, Any]:
-    return {**state, "done": "not base64!"}
+    return {**state, "generations": [[1, 2, False, "not base64!", ""]]}
 
 
 @pytest.mark.parametrize(
@@ -256,7 +256,7 @@ def _corrupt(state: dict[str, Any]) -> dict[str, Any]:
         (b'{"version": 1, "_num_workers": 0}', (), "this state is version 1"),
         (None, ("--key", "train.x"), "key 'train.x': train has no key 'x'; it has ['data']"),
         (None, ("--key", "model"), "key 'model' holds a dict with keys ['w'], not a dataset"),
-        ("corrupt", (), "state key 'done' is corrupted"),
+        ("corrupt", (), "state key 'generations[0].positions' is corrupted"),
         ("ok", ("--storage-option", "secret"), "takes KEY=VALUE, got one without '='"),
     ],
 )
@@ -305,8 +305,9 @@ def test_inspect_with_data_in_process(
 ) -> None:
     code, out, _ = run(capsys, "inspect", str(saved["all.json"]), "--data", str(data))
     assert code == 0
-    assert "  worker 1: 24 of 175 rows (13.7 %)" in out.splitlines()
-    assert out.splitlines()[-1].endswith(f"; {24 * 7} of {TOTAL} rows of their shares (24.0 %)")
+    assert any(line.startswith("  worker 1: 24 of 175 rows (13.7 %), at part-0000")
+               for line in out.splitlines())  # fmt: skip
+    assert out.splitlines()[-1] == f"all ranks: {24 * 7} of {TOTAL} rows of their shares (24.0 %)"
     write_dataset(tmp_path / "other", (50,), row_group_size=10)
     code, out, _ = run(capsys, "inspect", str(saved["all.json"]), "--data", str(tmp_path / "other"))
     assert code == 1 and "MISMATCH with the files now: " in out and "files changed" in out
@@ -344,5 +345,5 @@ def test_inspect_an_elastic_state(
     next(iter(loader))
     (tmp_path / "elastic.json").write_text(json.dumps(dataset.state_dict()))
     code, out, _ = run(capsys, "inspect", str(tmp_path / "elastic.json"), "--data", str(data))
-    assert code == 0 and "  base (elastic resume): 0 splits done, " in out
+    assert code == 0 and "  after a deal to world_size 2 x num_workers 2 (elastic resume)" in out
     assert f"worker 0: 24 of {TOTAL - 24 * 7} rows" in out

@@ -9,7 +9,6 @@ import uuid
 from pathlib import Path
 
 import fsspec
-import numpy as np
 import pyarrow as pa
 import pytest
 import torch

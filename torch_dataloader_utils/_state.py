@@ -252,13 +252,17 @@ def _unpacked_ints(text: str, key: str) -> IntArray:
 
 def _decode_stream(entry: object, number: int, index: DatasetIndex) -> StreamEntry:
     if not (_is_stream(entry) and isinstance(entry, list)):
-        raise InvalidStateError(
-            f"state key 'streams[{number}]' must be [position, tokens, rows, path, row_offset, "
-            f"row_length, fingerprint, row] with position < rows, or [rows, 0, rows] at the "
-            f"stream's end, got {entry!r:.200}"
-        )
+        raise _bad_stream(entry, number)
     next_row = None if len(entry) == 3 else (_split_of(entry[3:7], index), entry[7])
     return StreamEntry(entry[0], entry[1], entry[2], next_row)
+
+
+def _bad_stream(entry: object, number: int) -> InvalidStateError:
+    return InvalidStateError(
+        f"state key 'streams[{number}]' must be [position, tokens, rows, path, row_offset, "
+        f"row_length, fingerprint, row] with position < rows, or [rows, 0, rows] at the "
+        f"stream's end, got {entry!r:.200}"
+    )
 
 
 def _is_stream(entry: object) -> bool:
@@ -304,6 +308,11 @@ def check_shape(state: object) -> None:
             )
         if isinstance(value, int) and value < 0 and key not in _SIGNED_KEYS:
             raise InvalidStateError(f"state key {key!r} must be >= 0, got {value}")
+    for number, generation in enumerate(state["generations"]):
+        _decode_generation(generation, number)
+    for number, entry in enumerate(state["streams"]):
+        if not _is_stream(entry):
+            raise _bad_stream(entry, number)
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:

@@ -1,0 +1,140 @@
+"""The shuffled order as a pure function: a bijection, windows of blocks, content at a position."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _orders import stream_rows
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torch_dataloader_utils._formats import FileMetadata
+from torch_dataloader_utils._index import DatasetIndex, IndexedFile
+from torch_dataloader_utils._order import (
+    BLOCKS_PER_WINDOW,
+    Shuffle,
+    ShuffledShare,
+    StreamOrder,
+    cut_blocks,
+    permutation,
+    permuted,
+)
+from torch_dataloader_utils._plan import EpochPlan, Generation, Pieces, cut_splits, epoch_order
+
+
+@given(st.integers(0, 5000), st.integers(0, 2**64 - 1))
+def test_permutation_is_a_bijection_with_random_access(rows: int, key: int) -> None:
+    order = permutation(rows, key)
+    assert sorted(order.tolist()) == list(range(rows))
+    for t in {0, rows // 3, rows - 1} - {-1}:
+        if 0 <= t < rows:
+            assert permuted(t, rows, key) == order[t]
+
+
+def test_permutation_is_pinned() -> None:
+    """Our own integer arithmetic: the same on every platform and numpy version."""
+    assert permutation(10, 0).tolist() == [7, 8, 5, 3, 9, 6, 2, 0, 1, 4]
+    assert permutation(10, 12345).tolist() == [3, 6, 9, 2, 4, 8, 0, 5, 7, 1]
+    assert permutation(1000, 7)[:8].tolist() == [560, 257, 324, 887, 31, 182, 482, 785]
+
+
+def test_permutation_looks_uniform() -> None:
+    """Neighbours in storage rarely meet in a batch; no drift from front to back."""
+    rows, batch = 200_000, 1024
+    order = permutation(rows, 99)
+    where = np.empty(rows, dtype=np.int64)
+    where[order] = np.arange(rows)
+    together = np.mean(where[1:] // batch == where[:-1] // batch)
+    assert together < 2 * batch / rows
+    assert abs(np.corrcoef(order, np.arange(rows))[0, 1]) < 0.01
+    assert abs(np.std(order[:batch] / rows) - 0.2887) < 0.02
+
+
+@given(
+    st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=6), min_size=1, max_size=5),
+    st.integers(1, 60),
+)
+def test_blocks_cover_each_piece_once_within_the_bound(units, block_rows) -> None:
+    """Blocks tile every piece, cut on unit boundaries unless a unit is sliced."""
+    starts = [np.cumsum([0, *u[:-1]]) for u in units]
+    totals = [sum(u) for u in units]
+    pieces = Pieces.of([(s, 0, totals[s]) for s in range(len(units))])
+    blocks = cut_blocks(pieces, lambda s: np.asarray(starts[s], dtype=np.int64), block_rows)
+    rows = [(int(s), r) for s, lo, hi in zip(blocks.splits, blocks.lo, blocks.hi, strict=True)
+            for r in range(lo, hi)]  # fmt: skip
+    assert rows == [(s, r) for s in range(len(units)) for r in range(totals[s])]
+    longest = max(max(u) for u in units)
+    assert (blocks.rows <= max(block_rows, min(longest, 256))).all()
+
+
+def _index(file_rows: list[list[int]]) -> DatasetIndex:
+    import pyarrow as pa
+
+    schema = pa.schema([("id", pa.int64())])
+    files = tuple(
+        IndexedFile(path=f"/d/{i}", display=f"/d/{i}", name=str(i), fingerprint=f"fp{i}",
+                    metadata=FileMetadata(schema, tuple(rows), tuple(10 * r for r in rows)))
+        for i, rows in enumerate(file_rows)
+    )  # fmt: skip
+    splits = cut_splits([f.metadata.unit_bytes for f in files],
+                        [f.metadata.unit_rows for f in files], 60)  # fmt: skip
+    return DatasetIndex(files, tuple(splits), schema)
+
+
+layouts = st.lists(st.lists(st.integers(1, 30), min_size=1, max_size=5), min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts, st.integers(1, 3), st.integers(0, 3), st.integers(1, 80), st.data())
+def test_every_row_once_and_row_at_names_it(file_rows, world, workers, window, data) -> None:
+    """Every stream of every deal (an elastic one too): all rows once; ``row_at(p)`` is the
+    row the stream delivers at ``p``; windows hold at most ``window`` rows plus a block."""
+    index = _index(file_rows)
+    shuffle = Shuffle(seed=3, window_rows=window)
+    order = epoch_order(len(index.splits), 3, 1, True)
+    plan = EpochPlan.first(epoch=1, order=order, split_rows=index.split_rows,
+                           world_size=world, num_workers=workers, even=False)  # fmt: skip
+    everything = sorted((s, r) for s in range(len(index.splits))
+                        for r in range(index.split_rows[s]))  # fmt: skip
+    delivered: list[tuple[int, int]] = []
+    positions = []
+    for g in range(plan.deal.streams):
+        stream = StreamOrder(index=index, plan=plan, stream=g, shuffle=shuffle)
+        rows = stream_rows(stream)
+        assert [stream.row_at(p) for p in range(len(rows))] == rows
+        assert stream.row_at(len(rows)) is None
+        shuffled = stream.shuffled
+        if shuffled is not None and len(shuffled.ends) > 1:
+            sizes = np.diff(np.concatenate(([0], shuffled.ends)))
+            assert sizes.max() <= window + shuffled.blocks.rows.max()
+        cut = data.draw(st.integers(0, len(rows)))
+        positions.append(cut)
+        delivered += rows[:cut]
+    assert sorted(delivered + sum((stream_rows(StreamOrder(index=index, plan=plan, stream=g,
+        shuffle=shuffle))[p:] for g, p in enumerate(positions)), [])) == everything  # fmt: skip
+    zeros = np.zeros(len(positions), dtype=np.int64)
+    later = plan.then(Generation(world, workers, False, np.array(positions), zeros),
+                      world_size=2, num_workers=1, even=False)  # fmt: skip
+    rest = [row for g in range(later.deal.streams)
+            for row in stream_rows(StreamOrder(index=index, plan=later, stream=g,
+                                               shuffle=shuffle))]  # fmt: skip
+    assert sorted(delivered + rest) == everything
+
+
+def test_a_window_draws_blocks_from_all_over_the_share() -> None:
+    """64 splits of 10 row groups: every window of about 1/8 of the share holds blocks of
+    most splits, at places all over them (not each split's same stretch)."""
+    starts = np.arange(10, dtype=np.int64) * 100
+    share = Pieces.of([(s, 0, 1000) for s in range(64)])
+    shuffled = ShuffledShare.build(share, unit_starts=lambda s: starts, window_rows=8000, key=5)
+    assert len(shuffled.ends) == 8
+    for number in range(8):
+        blocks, _, _ = shuffled.window(number)
+        assert len(blocks) >= BLOCKS_PER_WINDOW
+        assert len(set(blocks.splits.tolist())) > 32
+        assert np.std(blocks.lo / 1000) > 0.25
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_tiny_windows(rows: int) -> None:
+    assert sorted(permutation(rows, 1).tolist()) == list(range(rows))
