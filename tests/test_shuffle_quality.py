@@ -5,7 +5,8 @@ file, row groups of 1,024, batches of 256 (``_shuffle_metrics``). The thresholds
 benchmark's targets taken relative to a uniform random permutation measured here at this scale
 (the full-scale targets are 9.5 / 0.27 / 1 % against the uniform 10 / 0.289 / 0.02 %). The
 scale keeps what makes the full-size targets hard: the budget that binds is 1/16 of a stream's
-data (2.5 MiB here, above the 1 MiB floor), a window of 64 row groups, 256 times a batch.
+data (2.5 MiB here, above the 1 MiB floor), a window of 64 row groups, 256 times a batch. One
+large file (64 row groups) and files of one big row group hold half as many rows, for speed.
 Public API only: whatever shuffle is on main is measured.
 """
 
@@ -34,11 +35,11 @@ from torch_dataloader_utils import StructuredDataset
 FILES, ROWS_PER_FILE, ROW_GROUP_ROWS, BATCH = 16, 65_536, 1_024, 256
 TOTAL = FILES * ROWS_PER_FILE
 COLUMNS = ["id", "pos", "label", "f0", "f1", "f2", "f3"]
-# Layouts with the same rows: name -> (files, row group rows).
+# name -> (files, rows per file, row group rows); the last two at half the rows, for speed.
 LAYOUTS = {
-    "many_files": (FILES, ROW_GROUP_ROWS),
-    "one_large_file": (1, 16_384),  # one split by default, 64 row groups
-    "one_row_group_per_file": (2, TOTAL // 2),  # 512 Ki-row groups
+    "many_files": (FILES, ROWS_PER_FILE, ROW_GROUP_ROWS),
+    "one_large_file": (1, TOTAL // 2, 8_192),  # one split by default, 64 row groups
+    "one_row_group_per_file": (2, TOTAL // 4, TOTAL // 4),  # 256 Ki-row groups
 }
 PENDING = pytest.mark.xfail(strict=False, reason="issue 15: random shuffle not yet landed")
 
@@ -46,13 +47,10 @@ PENDING = pytest.mark.xfail(strict=False, reason="issue 15: random shuffle not y
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     roots = {}
-    for name, (files, row_group_rows) in LAYOUTS.items():
+    for name, (files, rows_per_file, row_group_rows) in LAYOUTS.items():
         roots[name] = tmp_path_factory.mktemp(name)
         write_sorted_inside(
-            roots[name],
-            files=files,
-            rows_per_file=TOTAL // files,
-            row_group_rows=row_group_rows,
+            roots[name], files=files, rows_per_file=rows_per_file, row_group_rows=row_group_rows
         )
     return roots
 
@@ -72,14 +70,17 @@ def epoch(root: Path, *, shuffle: bool = True, num_workers: int = 0, **knobs: An
 
 
 @functools.cache
-def uniform() -> Quality:
-    return quality(uniform_batches(TOTAL, BATCH), ROWS_PER_FILE)
+def uniform(total: int = TOTAL, rows_per_file: int = ROWS_PER_FILE) -> Quality:
+    return quality(uniform_batches(total, BATCH), rows_per_file)
 
 
-def meets(q: Quality, *, labels: float, spread: float, neighbours: float) -> None:
-    """Assert the targets relative to the uniform permutation (labels and neighbours as
-    absolute margins, spread as a fraction), as the benchmark does at full scale."""
-    u = uniform()
+def meets(
+    q: Quality, *, labels: float, spread: float, neighbours: float, layout: str = "many_files"
+) -> None:
+    """Assert the targets relative to the uniform permutation of the layout's rows (labels and
+    neighbours as absolute margins, spread as a fraction), as the benchmark's full-scale ones."""
+    files, rows_per_file, _ = LAYOUTS[layout]
+    u = uniform(files * rows_per_file, rows_per_file)
     seen = f"measured {q}; uniform permutation {u}"
     assert q.labels >= u.labels - labels, f"labels per batch below {u.labels - labels:.2f}: {seen}"
     assert q.spread >= u.spread * spread, f"spread below {u.spread * spread:.3f}: {seen}"
@@ -89,8 +90,8 @@ def meets(q: Quality, *, labels: float, spread: float, neighbours: float) -> Non
     assert abs(q.spearman) < 0.05, f"|spearman| not below 0.05: {seen}"
 
 
-def defaults_targets(q: Quality) -> None:
-    meets(q, labels=0.5, spread=0.27 / 0.289, neighbours=0.01)
+def defaults_targets(q: Quality, layout: str = "many_files") -> None:
+    meets(q, labels=0.5, spread=0.27 / 0.289, neighbours=0.01, layout=layout)
 
 
 def binding_budget() -> int:
@@ -140,7 +141,7 @@ def test_written_layout(layouts: dict[str, Path]) -> None:
     metadata = pq.ParquetFile(layouts["many_files"] / "part-00002.parquet").metadata
     assert metadata.num_row_groups == ROWS_PER_FILE // ROW_GROUP_ROWS
     one = pq.ParquetFile(layouts["one_row_group_per_file"] / "part-00001.parquet").metadata
-    assert (one.num_row_groups, one.num_rows) == (1, TOTAL // 2)
+    assert (one.num_row_groups, one.num_rows) == (1, TOTAL // 4)
     decoded = decoded_bytes([str(layouts["many_files"] / "part-00002.parquet")])
     assert decoded == pytest.approx(ROWS_PER_FILE * (3 * 8 + 4 * 4), rel=0.03)  # + padding
 
@@ -171,7 +172,8 @@ def test_storage_order_misses_every_target(layouts: dict[str, Path]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_shuffled_epoch_delivers_every_row_once(layouts: dict[str, Path], layout: str) -> None:
-    assert exactly_once(epoch(layouts[layout]), TOTAL) is None
+    files, rows_per_file, _ = LAYOUTS[layout]
+    assert exactly_once(epoch(layouts[layout]), files * rows_per_file) is None
 
 
 @pytest.mark.slow
@@ -189,7 +191,7 @@ def test_binding_budget_delivers_every_row_once(layouts: dict[str, Path]) -> Non
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_defaults_meet_the_quality_targets(layouts: dict[str, Path], layout: str) -> None:
-    defaults_targets(quality(epoch(layouts[layout]), TOTAL // LAYOUTS[layout][0]))
+    defaults_targets(quality(epoch(layouts[layout]), LAYOUTS[layout][1]), layout)
 
 
 @PENDING
