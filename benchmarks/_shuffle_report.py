@@ -114,6 +114,8 @@ def plot(
             label = f"target at 1/{round(1 / binding)}"
             ax.plot([binding], [bound], "v", color="#C44E52", label=label)
         ax.set_xscale("log", base=2)
+        if key == "neighbours":
+            ax.set_yscale("log")  # the uniform 0.02 % and the targets 1-2 % beside today's 97 %
         ax.set_xlabel("shuffle_memory_bytes / stream's data")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7)
