@@ -23,12 +23,14 @@ import pyarrow.parquet as pq
 __all__ = [
     "cached_files",
     "ensure_dataset",
+    "forked_children",
     "machine_note",
     "paired",
     "parquet_files",
     "per_call",
     "plot_bars",
     "rss_bytes",
+    "status_kib",
     "summary",
     "timed",
 ]
@@ -161,6 +163,37 @@ def rss_bytes() -> int:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def forked_children() -> set[int]:
+    """Pids of this process's forked children (DataLoader workers; of all its threads), from
+    ``/proc``: children running another program (``torch_shm_manager``) are left out."""
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            pids.update(int(p) for p in (task / "children").read_text().split())
+        except OSError:  # the thread ended meanwhile
+            continue
+    mine = Path("/proc/self/cmdline").read_bytes()
+    return {pid for pid in pids if _cmdline(pid) == mine}
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def status_kib(pid: int, key: str) -> int:
+    """``VmHWM`` / ``VmRSS`` … of ``pid`` from ``/proc/<pid>/status``, in KiB (0 if gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:

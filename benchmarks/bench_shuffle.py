@@ -1,25 +1,38 @@
-"""Shuffle quality, cost and memory on data sorted by file, beside unshuffled and Hugging Face.
+"""Shuffle quality, cost, latency and memory on data sorted inside each file (issue 15's targets).
 
-Data: 64 Parquet files x 100,000 rows, sorted by file (row groups of 10,000): ``label`` (int64,
-the file's index, one per file), ``row`` (int64, global storage index), ``f0``…``f3`` (float32).
-Batches of 1,024 rows. Figures, each beside its baseline from the same run:
+Data (``tests/_shuffle_metrics.py``, cached under ``bench_output/shuffle[_quick]``): files sorted
+inside by ``pos``, ``label = pos * 10 // rows`` (ten contiguous blocks a file), ``id`` the global
+storage index, four float32 features. Layouts: ``main`` 64 files x 100,000 rows, row groups of
+10,000; ``large_file`` the same rows in one file (row groups of 100,000); ``big_groups`` 4 files
+of one row group of 1 Mi rows each; ``tokens`` 8 files x 25,000 rows of ``list<int32>`` (64-511
+tokens) beside ``id``. Batches of 1,024 rows. Each figure is printed beside baselines measured in
+the same run, with its target and whether it is met:
 
-* **quality** over one whole epoch: mean distinct ``label`` values (= files) per batch, the
-  Spearman rank correlation of delivery position with storage index ``row``, and the fraction of
-  consecutive deliveries that are consecutive in storage; for ours ``shuffle=True`` (default
-  knobs) and ``shuffle=False`` with ``num_workers`` 0 and 2, and Hugging Face ``datasets``
-  streaming Parquet, ``.shuffle(seed=0, buffer_size=1000)`` (in-process);
-* **cost**: rows/s of ours shuffled over ours unshuffled, all columns, ``num_workers`` 0 and 2,
-  median of per-round ratios over interleaved rounds;
-* **memory**: peak RSS (``VmHWM``) of each DataLoader worker (``num_workers=2``, persistent
-  workers read after the epoch), shuffled beside unshuffled, and beside the per-stream budget
-  when the installed ``StructuredDataset`` has a ``shuffle_memory_bytes`` argument.
+1. **quality** (``main``, defaults, ``num_workers`` 0 and 2): distinct labels per batch, std of
+   ``pos / rows`` per batch, fraction of a batch's rows whose storage neighbour (``id - 1``) is in
+   the batch, |Spearman(delivery, storage)| over the epoch; beside a uniform random permutation
+   of the same ids (numpy), ours unshuffled, and Hugging Face ``datasets`` streaming Parquet
+   ``.shuffle(seed=0, buffer_size=10_000 | 1_000)`` (in-process; ``--no-hf`` skips it). Targets:
+   ≥ 9.5 labels, spread ≥ 0.27, ≤ 1 % neighbours, |Spearman| < 0.05;
+2. **budget** that binds: ``shuffle_memory_bytes`` = 1/16 of a stream's decoded data (of the
+   columns read, over ``max(1, num_workers)`` streams): ≥ 9 labels, ≥ 0.25, ≤ 2 %; and the curve
+   of quality and first-batch latency against the budget, 1/64 … 1 of a stream (``--plot``);
+3. **layouts** ``large_file`` and ``big_groups``, defaults: the targets of 1;
+4. **cost**: shuffled / unshuffled rows/s, median of per-round ratios over interleaved rounds,
+   each contender one loader (persistent workers) warmed by one untimed epoch, then one epoch per
+   round (``set_epoch``): ``main`` all columns (≥ 0.65 with 0 workers, ≥ 0.85 with 2), ``tokens``
+   unpacked and packed (``TokenPacking``, 128 x 2,048 tokens a batch) (≥ 0.85);
+5. **latency**: time to the first batch of an epoch (a new loader: ``iter`` + ``next``, workers'
+   start included), shuffled, beside unshuffled (≤ 1 s); and after a resume at 90 % vs at 0 % of
+   the epoch (≤ 1.5x), the resumed epoch checked row for row;
+6. **memory**: peak RSS (``VmHWM``) per worker, ``num_workers=2``, persistent workers, unshuffled
+   beside shuffled with the default budget and with the binding one (run first: workers are
+   forked, so they inherit this process's RSS).
 
-Targets (``SPEC.md``): ≥ 16 distinct files per batch with the defaults, correlation near 0,
-shuffled ≥ 0.8 x unshuffled, peak memory within the documented budget. They are reported, not
-enforced: the script exits non-zero only when a loader delivers a wrong set of rows.
+Every epoch of ours is checked: its ids are exactly the dataset's (packed: the token count and
+sum); the script exits non-zero otherwise. Targets are reported, not enforced.
 
-    python benchmarks/bench_shuffle.py [--data DIR] [--quick] [--no-hf] [--plot out.png]
+    python benchmarks/bench_shuffle.py [--quick] [--no-hf] [--plot out.png] [--json out.json]
 """
 
 from __future__ import annotations
@@ -32,408 +45,485 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _bench_util import cached_files, machine_note, paired, quiet_setup
-
-from torch_dataloader_utils import StructuredDataset
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from _shuffle_metrics import (  # the metrics the shuffle-quality test checks
-    adjacent_fraction,
-    distinct_per_batch,
-    spearman,
-    write_sorted_by_file,
+import pyarrow.parquet as pq
+from _bench_util import forked_children, machine_note, paired, quiet_setup, status_kib
+from _shuffle_data import EOS, FULL, QUICK, Data, all_data, describe, token_totals  # tests/ on path
+from _shuffle_metrics import Quality, exactly_once, quality, uniform_batches
+from _shuffle_report import (
+    BOUND,
+    DEFAULTS,
+    FIRST_BATCH_S,
+    HEADER,
+    RATIO_TARGETS,
+    RESUME_RATIO,
+    Verdicts,
+    plot,
+    row,
 )
 
+from torch_dataloader_utils import StructuredDataset, TokenPacking
+
 BATCH = 1024
-FEATURES = 4
-HF_BUFFER = 1000
-TARGET_DISTINCT = 16.0
-TARGET_RATIO = 0.8
-TARGET_SPEARMAN = 0.05  # |rho| below this counts as "near 0"
 WORKERS = (0, 2)
+HF_BUFFERS = (10_000, 1_000)
+CURVE = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1.0)  # budget as a fraction of a stream's data
+BINDING = 1 / 16
+PARTS = ("memory", "quality", "budget", "layouts", "cost", "latency")  # in the order they run
+MIN_BUDGET = 2**20  # the library refuses less per stream
+SEQ_LEN, SEQUENCES = 2048, 128  # packed batches: 262,144 tokens, about a 1,024-row batch's
+PACKING = TokenPacking("input_ids", seq_len=SEQ_LEN, separator=EOS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--data", help="dataset directory (default bench_output/shuffle[_quick])")
-    p.add_argument("--files", type=int, default=64, help="Parquet files, one label each")
-    p.add_argument("--rows-per-file", type=int, help="rows per file (default 100,000)")
-    p.add_argument("--row-group-rows", type=int, help="rows per row group (default 10,000)")
-    p.add_argument("--repeats", type=int, help="interleaved throughput rounds (default 5)")
-    p.add_argument(
-        "--hf-rows", type=int, default=0, help="rows of the HF epoch to read (default: all)"
-    )
-    p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face comparison")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="64 files x 20,000 rows, row groups of 2,000, 3 rounds (about 30 s)",
-    )
-    p.add_argument("--plot", metavar="PATH", help="write a PNG (needs matplotlib)")
+    p.add_argument("--data", help="data directory (default bench_output/shuffle[_quick])")
+    p.add_argument("--quick", action="store_true",
+                   help="64 x 20,000 rows (row groups of 2,000), 2 big-group files, 4 token "
+                        "files of 10,000 rows, 3 rounds (1-2 min)")  # fmt: skip
+    p.add_argument("--rounds", type=int, help="interleaved cost rounds (default 5, quick 3)")
+    p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
+    p.add_argument("--only", metavar="PARTS", default=",".join(PARTS),
+                   help=f"comma-separated parts to run (default: {','.join(PARTS)})")  # fmt: skip
+    p.add_argument("--plot", metavar="PATH", help="write the budget curve as a PNG")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     args = p.parse_args(argv)
-    quick = args.quick
-    args.rows_per_file = args.rows_per_file or (20_000 if quick else 100_000)
-    args.row_group_rows = args.row_group_rows or (2_000 if quick else 10_000)
-    args.repeats = args.repeats or (3 if quick else 5)
-    args.data = args.data or ("bench_output/shuffle_quick" if quick else "bench_output/shuffle")
+    args.only = [part.strip() for part in args.only.split(",")]
+    if unknown := sorted(set(args.only) - set(PARTS)):
+        p.error(f"--only: unknown part(s) {unknown}; parts: {', '.join(PARTS)}")
+    args.scale = QUICK if args.quick else FULL
+    args.rounds = args.rounds or args.scale.rounds
+    args.data = args.data or "bench_output/shuffle" + ("_quick" if args.quick else "")
     return args
 
 
-# ----------------------------------------------------------------------------- one epoch
+# ----------------------------------------------------------------------------- ours
+
+
+def has_budget() -> bool:
+    return "shuffle_memory_bytes" in inspect.signature(StructuredDataset).parameters
+
+
+def default_budget() -> int | None:
+    if not has_budget():
+        return None
+    default = inspect.signature(StructuredDataset).parameters["shuffle_memory_bytes"].default
+    return default if isinstance(default, int) else None
+
+
+def budget_for(data: Data, workers: int, fraction: float) -> int:
+    """``fraction`` of a stream's decoded data, at least the library's 1 MiB floor."""
+    return max(MIN_BUDGET, round(data.stream_bytes(workers) * fraction))
+
+
+def make_loader(data: Data, *, workers: int, shuffle: bool = True, **options: Any) -> Any:
+    """``(loader, dataset)`` over ``data``; ``options``: ``shuffle_memory_bytes``, packing, …"""
+    if options.get("packing") is None:
+        options.setdefault("batch_size", BATCH)
+        options.setdefault("columns", data.columns)
+    else:
+        options.setdefault("batch_size", SEQUENCES)
+    return StructuredDataset.create_dataloader(
+        data.root, format="parquet", shuffle=shuffle, num_workers=workers, **options
+    )
 
 
 @dataclass
-class Epoch:
-    seconds: float
-    rows: int
-    labels: list[np.ndarray] = field(default_factory=list)  # per batch (when recorded)
-    order: np.ndarray | None = None  # storage index ``row`` in delivery order (when recorded)
-    worker_peak_kib: list[int] = field(default_factory=list)  # VmHWM per worker (memory runs)
-    worker_start_kib: list[int] = field(default_factory=list)  # VmRSS after the first batch
+class Run:
+    """One epoch of ours: ids per batch (copied), seconds to the first batch and to the end."""
+
+    batches: list[np.ndarray] = field(default_factory=list)
+    first_s: float = 0.0
+    seconds: float = 0.0
+    tokens: int = 0
+    token_sum: int = 0
+
+    @property
+    def rows(self) -> int:
+        return sum(len(b) for b in self.batches)
 
 
-def children() -> set[int]:
-    """Pids of this process's children (all its threads'), from ``/proc``."""
-    pids: set[int] = set()
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            pids.update(int(p) for p in (task / "children").read_text().split())
-        except OSError:  # the thread ended meanwhile
-            continue
-    return pids
-
-
-def status_kib(pid: int, key: str) -> int:
-    """``VmHWM`` / ``VmRSS`` of ``pid`` in KiB (0 if the process is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def ours_epoch(
-    data: str,
-    *,
-    shuffle: bool,
-    workers: int,
-    columns: list[str],
-    record: bool = False,
-    memory: bool = False,
-) -> Epoch:
-    """One epoch through ``create_dataloader``, timed from ``iter(loader)`` to the last batch.
-
-    ``record``: keep each batch's labels and the delivery order of ``row``. ``memory``:
-    persistent workers, whose peak RSS is read after the epoch, while they are still alive."""
-    extra: dict[str, Any] = {"persistent_workers": True} if memory and workers else {}
-    loader, _ = StructuredDataset.create_dataloader(
-        data,
-        format="parquet",
-        batch_size=BATCH,
-        shuffle=shuffle,
-        num_workers=workers,
-        columns=columns,
-        **extra,
-    )
-    before = children()
-    epoch = Epoch(0.0, 0)
-    rows: list[np.ndarray] = []
-    workers_pids: list[int] = []
+def run_epoch(loader: Any, *, packed: bool = False, limit: int | None = None) -> Run:
+    """Iterate ``loader`` (at most ``limit`` batches), timed from ``iter``."""
+    run = Run()
     start = time.perf_counter()
-    for batch in loader:
-        epoch.rows += len(batch["row"])
-        if record:
-            epoch.labels.append(batch["label"].numpy().copy())
-            rows.append(batch["row"].numpy().copy())
-        if memory and not workers_pids:
-            workers_pids = sorted(children() - before)
-            epoch.worker_start_kib = [status_kib(p, "VmRSS") for p in workers_pids]
-    epoch.seconds = time.perf_counter() - start
-    if memory:
-        epoch.worker_peak_kib = [status_kib(p, "VmHWM") for p in workers_pids]
-    if record:
-        epoch.order = np.concatenate(rows) if rows else np.empty(0, np.int64)
+    batches = iter(loader)
+    for number, batch in enumerate(batches):
+        if number == 0:
+            run.first_s = time.perf_counter() - start
+        if packed:
+            real = int(batch["num_tokens"])
+            run.tokens += real
+            tokens = batch["input_ids"].numpy().reshape(-1)[:real]
+            run.token_sum += int(tokens.sum(dtype=np.int64))  # numpy: torch's sum is slow here
+        else:
+            run.batches.append(batch["id"].numpy().copy())
+        if limit is not None and number + 1 >= limit:
+            break
+    run.seconds = time.perf_counter() - start
+    close(batches)
+    return run
+
+
+def close(batches: Iterator[Any]) -> None:
+    """End an iteration early (our generator over the workers) and join what it started."""
+    if hasattr(batches, "close"):
+        batches.close()
+    gc.collect()
+
+
+def check(run: Run, data: Data, name: str, packed_totals: tuple[int, int] | None = None) -> None:
+    """Exit non-zero unless ``run`` delivered the dataset exactly (packed: every token once)."""
+    if packed_totals is not None:
+        tokens, token_sum = packed_totals
+        rows = data.total  # one separator per document
+        if (run.tokens, run.token_sum) != (tokens + rows, token_sum + rows * EOS):
+            raise SystemExit(f"{name}: {run.tokens:,} tokens (sum {run.token_sum:,}), expected "
+                             f"{tokens + rows:,} (sum {token_sum + rows * EOS:,})")  # fmt: skip
+        return
+    wrong = exactly_once(run.batches, data.total)
+    if wrong is not None:
+        raise SystemExit(f"{name}: the epoch is not the dataset: {wrong}")
+
+
+def ours_quality(data: Data, workers: int, name: str, **options: Any) -> dict[str, float]:
+    """Quality of one checked epoch, with its speed and first-batch latency."""
+    loader, _ = make_loader(data, workers=workers, **options)
+    run = run_epoch(loader)
     del loader
-    gc.collect()  # joins the workers before the next contender starts
-    return epoch
+    gc.collect()
+    check(run, data, name)
+    return figures(quality(run.batches, data.rows_per_file), run)
 
 
-def hf_epoch(files: list[str], hf_home: str, rows_wanted: int) -> Epoch:
-    """Hugging Face streaming Parquet with its buffer shuffle, batches of ``BATCH``, in-process."""
+def figures(q: Quality, run: Run | None = None) -> dict[str, float]:
+    out = q.as_dict()
+    if run is not None:
+        out |= {"rows_per_s": run.rows / run.seconds, "first_batch_s": run.first_s}
+    return out
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+
+
+def hf_quality(data: Data, buffer: int, hf_home: str) -> dict[str, float]:
+    """HF streaming Parquet, ``.shuffle(seed=0, buffer_size=buffer)``, batches of ``BATCH``."""
     os.environ.setdefault("HF_HOME", hf_home)
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import datasets
 
     datasets.disable_progress_bars()
-    ds = datasets.load_dataset("parquet", data_files=files, streaming=True, split="train")
-    ds = ds.select_columns(["label", "row"]).shuffle(seed=0, buffer_size=HF_BUFFER)
-    epoch = Epoch(0.0, 0)
-    rows: list[np.ndarray] = []
+    ds = datasets.load_dataset("parquet", data_files=data.paths, streaming=True, split="train")
+    ds = ds.select_columns(["id"]).shuffle(seed=0, buffer_size=buffer)
+    run = Run()
     start = time.perf_counter()
     for batch in ds.with_format("numpy").iter(batch_size=BATCH):
-        epoch.labels.append(np.asarray(batch["label"]))
-        rows.append(np.asarray(batch["row"]))
-        epoch.rows += len(rows[-1])
-        if rows_wanted and epoch.rows >= rows_wanted:
-            break
-    epoch.seconds = time.perf_counter() - start
-    epoch.order = np.concatenate(rows)
+        run.first_s = run.first_s or time.perf_counter() - start
+        run.batches.append(np.asarray(batch["id"]))
+    run.seconds = time.perf_counter() - start
+    wrong = exactly_once(run.batches, data.total)
+    if wrong is not None:
+        print(f"  (hf buffer {buffer}: {wrong})")
+    return figures(quality(run.batches, data.rows_per_file), run)
+
+
+def hf_available(args: argparse.Namespace) -> bool:
+    if args.no_hf:
+        print("  Hugging Face skipped (--no-hf)")
+        return False
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        print("  Hugging Face skipped: datasets is not installed (pip install datasets)")
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- 1-3 quality
+
+
+def run_quality(args: argparse.Namespace, data: Data, verdicts: Verdicts) -> dict[str, Any]:
+    print(f"\n1. quality, {data.total:,} rows in {len(data.paths)} files, defaults, batches "
+          f"of {BATCH:,} (labels / spread / neighbours per batch, spearman: epoch):")  # fmt: skip
+    print(HEADER)
+    out: dict[str, Any] = {"uniform": figures(uniform(data))}
+    row("uniform permutation (numpy)", out["uniform"])
+    out["unshuffled w0"] = ours_quality(data, 0, "unshuffled w0", shuffle=False)
+    row("ours unshuffled w0", out["unshuffled w0"])
+    for workers in WORKERS:
+        name = f"shuffled w{workers}"
+        out[name] = ours_quality(data, workers, name)
+        row(f"ours shuffled w{workers}", out[name])
+        verdicts.quality(f"quality main {name}", out[name], out["uniform"], DEFAULTS)
+    if hf_available(args):
+        hf_home = os.path.join(os.path.dirname(os.path.abspath(args.data)), "hf_home")
+        for buffer in HF_BUFFERS:
+            out[f"hf buffer {buffer}"] = hf_quality(data, buffer, hf_home)
+            row(f"hf streaming, buffer {buffer:,}", out[f"hf buffer {buffer}"])
+    return out
+
+
+def uniform(data: Data) -> Quality:
+    return quality(uniform_batches(data.total, BATCH), data.rows_per_file)
+
+
+def run_budget(data: Data, verdicts: Verdicts) -> dict[str, Any]:
+    """The binding budget with 0 and 2 workers, and the curve of quality against the budget."""
+    if not has_budget():
+        print("\n2. budget: skipped, the installed StructuredDataset has no shuffle_memory_bytes")
+        return {}
+    base = figures(uniform(data))
+    print(f"\n2. the budget binds: shuffle_memory_bytes = 1/16 of a stream's decoded data "
+          f"({data.decoded / 2**20:.0f} MiB of columns read / streams):")  # fmt: skip
+    print(HEADER)
+    out: dict[str, Any] = {"binding": {}, "curve": []}
+    for workers in WORKERS:
+        budget = budget_for(data, workers, BINDING)
+        f = ours_quality(data, workers, f"budget w{workers}", shuffle_memory_bytes=budget)
+        out["binding"][f"w{workers}"] = f | {"budget": budget}
+        row(f"ours w{workers}, {budget / 2**20:.1f} MiB", f)
+        verdicts.quality(f"quality, budget 1/16, w{workers}", f, base, BOUND)
+    print("\n   quality against the budget, num_workers=0 (fraction of the stream's data):")
+    print(HEADER.replace("contender", "budget   "))
+    for fraction in CURVE:
+        budget = budget_for(data, 0, fraction)
+        f = out["binding"]["w0"] if fraction == BINDING else ours_quality(
+            data, 0, f"curve {fraction:g}", shuffle_memory_bytes=budget)  # fmt: skip
+        floor = " (floor)" if budget == MIN_BUDGET else ""
+        out["curve"].append(f | {"fraction": fraction, "budget": budget})
+        row(f"1/{round(1 / fraction)}: {budget / 2**20:.1f} MiB{floor}", f)
+    return out
+
+
+def run_layouts(datas: dict[str, Data], verdicts: Verdicts) -> dict[str, Any]:
+    print("\n3. other layouts, defaults:")
+    print(HEADER)
+    out: dict[str, Any] = {}
+    for layout in ("large_file", "big_groups"):
+        data = datas[layout]
+        files, groups = len(data.paths), pq.ParquetFile(data.paths[0]).num_row_groups
+        print(f"  {layout}: {files} file(s) x {data.rows_per_file:,} rows, {groups} row "
+              f"group(s) a file")  # fmt: skip
+        out[layout] = {"uniform": figures(uniform(data))}
+        row("  uniform permutation", out[layout]["uniform"])
+        for workers in WORKERS:
+            f = ours_quality(data, workers, f"{layout} w{workers}")
+            out[layout][f"shuffled w{workers}"] = f
+            row(f"  ours shuffled w{workers}", f)
+            verdicts.quality(f"quality {layout} w{workers}", f, out[layout]["uniform"], DEFAULTS)
+    return out
+
+
+# ----------------------------------------------------------------------------- 4 cost
+
+
+def steady_loader(data: Data, workers: int, shuffle: bool, packed: bool) -> Callable[[int], Run]:
+    """An epoch function of one loader (persistent workers), warmed by one untimed epoch."""
+    extra: dict[str, Any] = {"persistent_workers": True} if workers else {}
+    if packed:
+        extra["packing"] = PACKING
+    loader, dataset = make_loader(data, workers=workers, shuffle=shuffle, **extra)
+
+    def epoch(number: int) -> Run:
+        dataset.set_epoch(number)
+        return run_epoch(loader, packed=packed)
+
+    epoch(0)
     return epoch
 
 
-# ----------------------------------------------------------------------------- figures
+def cost_pair(
+    data: Data, workers: int, rounds: int, packed_totals: tuple[int, int] | None, label: str
+) -> dict[str, Any]:
+    packed = packed_totals is not None
+    runs: dict[str, list[float]] = {"shuffled": [], "unshuffled": []}
+    epochs = {name: steady_loader(data, workers, name == "shuffled", packed) for name in runs}
+    for number in range(1, rounds + 1):
+        for name, epoch in epochs.items():
+            run = epoch(number)
+            check(run, data, f"{label} {name} epoch {number}", packed_totals)
+            runs[name].append(data.total / run.seconds)
+    del epochs
+    gc.collect()
+    return {"runs": runs} | paired(runs, "shuffled", "unshuffled")
 
 
-def quality(epoch: Epoch, total_rows: int, name: str) -> dict[str, float]:
-    """Quality figures of one recorded epoch; exits when a full epoch lost or repeated rows."""
-    assert epoch.order is not None
-    if epoch.rows == total_rows and not np.array_equal(np.sort(epoch.order), np.arange(total_rows)):
-        raise SystemExit(f"{name}: the epoch does not hold every row exactly once")
-    position = np.arange(len(epoch.order))
-    return {
-        "distinct_per_batch": distinct_per_batch(epoch.labels),
-        "spearman": spearman(position, epoch.order),
-        "adjacent": adjacent_fraction(epoch.order),
-        "rows": float(epoch.rows),
-        "rows_per_s": epoch.rows / epoch.seconds,
-    }
-
-
-def verdict(ok: bool, target: str) -> str:
-    return f"{'meets' if ok else 'MISSES'} target {target}"
-
-
-def shuffle_knobs() -> dict[str, Any]:
-    """Defaults of the shuffle knobs the installed ``StructuredDataset`` accepts (may be none)."""
-    parameters = inspect.signature(StructuredDataset).parameters
-    return {
-        name: parameters[name].default
-        for name in ("shuffle_window", "shuffle_memory_bytes")
-        if name in parameters
-    }
-
-
-def run_quality(
-    args: argparse.Namespace, files: list[str], total: int, columns: list[str]
-) -> dict[str, dict[str, float]]:
-    print(f"\nquality over one epoch, batches of {BATCH:,} rows:")
-    print(
-        f"  {'contender':<24}{'files/batch':>12}{'spearman':>10}{'adjacent':>10}"
-        f"{'rows':>12}{'rows/s':>10}"
-    )
-    out: dict[str, dict[str, float]] = {}
-
-    def show(name: str, q: dict[str, float]) -> None:
-        out[name] = q
-        print(
-            f"  {name:<24}{q['distinct_per_batch']:12.2f}{q['spearman']:10.3f}"
-            f"{q['adjacent']:10.3f}{int(q['rows']):12,}{q['rows_per_s'] / 1e6:9.2f}M",
-            flush=True,
-        )
-
-    for shuffle in (True, False):
-        for workers in WORKERS:
-            name = f"ours {'shuffled' if shuffle else 'unshuffled'} w{workers}"
-            epoch = ours_epoch(
-                args.data, shuffle=shuffle, workers=workers, columns=columns, record=True
-            )
-            show(name, quality(epoch, total, name))
-    hf_name = f"hf buffer {HF_BUFFER} w0"
-    if args.no_hf:
-        print("  Hugging Face skipped (--no-hf)")
-    else:
-        try:
-            import datasets  # noqa: F401
-        except ImportError:
-            print("  Hugging Face skipped: datasets is not installed (pip install datasets)")
-        else:
-            hf_home = os.path.join(os.path.dirname(os.path.abspath(args.data)), "hf_home")
-            show(hf_name, quality(hf_epoch(files, hf_home, args.hf_rows), total, hf_name))
-            if args.hf_rows and args.hf_rows < total:
-                print(f"  (hf: first {args.hf_rows:,} rows only: its spearman is not an epoch's)")
-    shuffled = out["ours shuffled w0"]["distinct_per_batch"]
-    print(
-        f"\n  ours shuffled w0: {shuffled:.2f} files per batch, "
-        f"{verdict(shuffled >= TARGET_DISTINCT, f'≥ {TARGET_DISTINCT:g}')}; "
-        f"= {shuffled / out['ours unshuffled w0']['distinct_per_batch']:.2f} x unshuffled"
-        + (
-            f", {shuffled / out[hf_name]['distinct_per_batch']:.2f} x HF buffer {HF_BUFFER}"
-            if hf_name in out
-            else ""
-        )
-    )
-    rho = out["ours shuffled w0"]["spearman"]
-    print(
-        f"  ours shuffled w0: spearman {rho:.3f}, "
-        f"{verdict(abs(rho) < TARGET_SPEARMAN, f'|rho| < {TARGET_SPEARMAN:g}')} "
-        f"(over a whole epoch this is near 0 as soon as files come in a shuffled order, even one "
-        f"file at a time: read it with files/batch and adjacent)"
-    )
-    return out
-
-
-def run_cost(args: argparse.Namespace, total: int, columns: list[str]) -> dict[str, Any]:
-    names = {(s, w): f"{'shuffled' if s else 'unshuffled'} w{w}" for w in WORKERS for s in (0, 1)}
-    runs: dict[str, list[float]] = {name: [] for name in names.values()}
-    print(f"\ncost: rows/s, all {len(columns)} columns, {args.repeats} interleaved rounds:")
-    for round_ in range(args.repeats):
-        for (shuffle, workers), name in names.items():
-            epoch = ours_epoch(args.data, shuffle=bool(shuffle), workers=workers, columns=columns)
-            if epoch.rows != total:
-                raise SystemExit(f"{name} delivered {epoch.rows:,} rows, expected {total:,}")
-            runs[name].append(epoch.rows / epoch.seconds)
-        line = "  ".join(f"{n}={r[-1] / 1e6:5.2f}M" for n, r in runs.items())
-        print(f"  round {round_ + 1}/{args.repeats}: {line}", flush=True)
-    out: dict[str, Any] = {"runs": runs}
-    print("  shuffled / unshuffled (median of per-round ratios; ratio of medians, best/best):")
-    for workers in WORKERS:
-        r = paired(runs, f"shuffled w{workers}", f"unshuffled w{workers}")
-        out[f"ratio_w{workers}"] = r
-        print(
-            f"    w{workers}: {r['paired_median']:5.2f}   "
-            f"({verdict(r['paired_median'] >= TARGET_RATIO, f'≥ {TARGET_RATIO:g}')}; "
-            f"{r['of_medians']:.2f}, {r['best_over_best']:.2f}; medians "
-            f"{statistics.median(runs[f'shuffled w{workers}']) / 1e6:.2f}M / "
-            f"{statistics.median(runs[f'unshuffled w{workers}']) / 1e6:.2f}M rows/s)"
-        )
-    return out
-
-
-def run_memory(args: argparse.Namespace, columns: list[str]) -> dict[str, Any]:
-    workers = max(WORKERS)
-    print(f"\nmemory: peak RSS (VmHWM) per DataLoader worker, num_workers={workers}, all columns:")
+def run_cost(args: argparse.Namespace, datas: dict[str, Data], verdicts: Verdicts) -> dict:
+    print(f"\n4. cost: shuffled / unshuffled rows/s, {args.rounds} interleaved rounds, one "
+          f"warmed loader each (persistent workers), one epoch a round:")  # fmt: skip
+    totals = token_totals(datas["tokens"])
+    cases = [(f"{kind} w{w}", kind, w) for kind in ("main", "tokens", "packed") for w in WORKERS]
     out: dict[str, Any] = {}
-    for shuffle in (False, True):
-        name = "shuffled" if shuffle else "unshuffled"
-        epoch = ours_epoch(
-            args.data, shuffle=shuffle, workers=workers, columns=columns, memory=True
-        )
-        out[name] = {"peak_kib": epoch.worker_peak_kib, "start_kib": epoch.worker_start_kib}
-        peaks = ", ".join(f"{k / 1024:.0f}" for k in epoch.worker_peak_kib) or "none found"
-        starts = ", ".join(f"{k / 1024:.0f}" for k in epoch.worker_start_kib)
-        print(f"  {name:<11} peak {peaks} MiB   (RSS after the first batch: {starts} MiB)")
-    peak = max(out["shuffled"]["peak_kib"], default=0) * 1024
-    base = max(out["unshuffled"]["peak_kib"], default=0) * 1024
-    out["extra_bytes"] = peak - base
-    knobs = shuffle_knobs()
-    out["knobs"] = knobs
-    print(f"  shuffled - unshuffled, largest worker: {round((peak - base) / 2**20):+d} MiB")
-    budget = knobs.get("shuffle_memory_bytes")
-    if "shuffle_memory_bytes" not in knobs:
-        print(
-            "  no per-stream budget to compare: the installed StructuredDataset has no "
-            "shuffle_memory_bytes argument (split-level shuffle)"
-        )
-    elif isinstance(budget, int) and not isinstance(budget, bool):
-        ok = peak - base <= budget  # one stream per worker
-        out["budget_bytes"], out["within_budget"] = budget, ok
-        print(
-            f"  per-stream budget shuffle_memory_bytes = {budget / 2**20:.0f} MiB "
-            f"(default; shuffle_window = {knobs.get('shuffle_window')}): shuffled - unshuffled "
-            f"is {'within' if ok else 'OVER'} the budget"
-        )
-    else:
-        print(f"  shuffle_memory_bytes defaults to {budget!r}, not a byte count: no comparison")
+    for label, kind, workers in cases:
+        data = datas["main" if kind == "main" else "tokens"]
+        r = cost_pair(data, workers, args.rounds, totals if kind == "packed" else None, label)
+        out[label] = r
+        target = RATIO_TARGETS[label]
+        medians = [statistics.median(r["runs"][n]) / 1e6 for n in ("shuffled", "unshuffled")]
+        print(f"  {label:<10} {r['paired_median']:5.2f}  (target ≥ {target}; of medians "
+              f"{r['of_medians']:.2f}, best/best {r['best_over_best']:.2f}; "
+              f"{medians[0]:.2f}M / {medians[1]:.2f}M rows/s)", flush=True)  # fmt: skip
+        verdicts.add(f"cost {label}", f"{r['paired_median']:.2f}",
+                     f"unshuffled {medians[1]:.2f}M rows/s", f"≥ {target}",
+                     r["paired_median"] >= target)  # fmt: skip
     return out
 
 
-# ----------------------------------------------------------------------------- plot
+# ----------------------------------------------------------------------------- 5 latency
 
 
-def plot(path: str, q: dict[str, dict[str, float]], cost: dict[str, Any], note: str) -> None:
-    try:
-        import matplotlib
+def first_batch(data: Data, workers: int, shuffle: bool, state: dict | None = None) -> float:
+    """Seconds from a new loader's ``iter`` (after ``load_state_dict(state)``) to a batch."""
+    loader, _ = make_loader(data, workers=workers, shuffle=shuffle)
+    start = time.perf_counter()
+    if state is not None:
+        loader.load_state_dict(state)
+    batches = iter(loader)
+    next(batches)
+    seconds = time.perf_counter() - start
+    close(batches)
+    del loader
+    gc.collect()
+    return seconds
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"--plot {path}: matplotlib is not installed; no plot written")
-        return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5), width_ratios=(3, 2))
-    names = [
-        n for n in ("ours shuffled w0", "ours unshuffled w0", f"hf buffer {HF_BUFFER} w0") if n in q
-    ]
-    values = [q[n]["distinct_per_batch"] for n in names]
-    bars = left.bar([n.removesuffix(" w0") for n in names], values, color="#4C72B0")
-    left.axhline(
-        TARGET_DISTINCT, color="#C44E52", linestyle="--", label=f"target {TARGET_DISTINCT:g}"
-    )
-    left.bar_label(bars, fmt="%.2f", fontsize=8)
-    left.set_ylabel("distinct files per batch (mean)")
-    left.set_title(f"Shuffle quality: batches of {BATCH:,}, files sorted by label", fontsize=10)
-    left.legend(fontsize=8, loc="center left")
-    ratios = [cost[f"ratio_w{w}"]["paired_median"] for w in WORKERS]
-    bars = right.bar([f"num_workers={w}" for w in WORKERS], ratios, color="#55A868")
-    right.axhline(TARGET_RATIO, color="#C44E52", linestyle="--", label=f"target {TARGET_RATIO:g}")
-    right.bar_label(bars, fmt="%.2f", fontsize=8)
-    right.set_ylabel("shuffled / unshuffled rows/s")
-    right.set_title("Shuffle cost (median of per-round ratios)", fontsize=10)
-    right.legend(fontsize=8, loc="lower right")
-    fig.text(0.01, 0.01, note, fontsize=7, va="bottom")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"plot written to {path}")
+
+def state_at(data: Data, workers: int, fraction: float) -> tuple[dict, list[np.ndarray]]:
+    """The state after ``fraction`` of a shuffled epoch, and the ids delivered until then."""
+    loader, _ = make_loader(data, workers=workers)
+    run = run_epoch(loader, limit=round(len(loader) * fraction)) if fraction else Run()
+    state = json.loads(json.dumps(loader.state_dict()))
+    del loader
+    gc.collect()
+    return state, run.batches
+
+
+def resumed_rest(data: Data, workers: int, state: dict, before: list[np.ndarray]) -> None:
+    """Resume ``state`` to the end of the epoch; exit unless before + rest is the dataset."""
+    loader, _ = make_loader(data, workers=workers)
+    loader.load_state_dict(state)
+    rest = run_epoch(loader)
+    check(Run(batches=before + rest.batches), data, f"resume w{workers}")
+
+
+def run_latency(data: Data, verdicts: Verdicts, repeats: int = 3) -> dict[str, Any]:
+    print(f"\n5. latency: first batch of an epoch, new loader (median of {repeats}); resume:")
+    out: dict[str, Any] = {}
+    for workers in WORKERS:
+        for shuffle in (False, True):
+            name = f"{'shuffled' if shuffle else 'unshuffled'} w{workers}"
+            out[name] = statistics.median(
+                first_batch(data, workers, shuffle) for _ in range(repeats)
+            )
+        unshuffled, shuffled = out[f"unshuffled w{workers}"], out[f"shuffled w{workers}"]
+        at: dict[float, float] = {}
+        for fraction in (0.0, 0.9):
+            state, before = state_at(data, workers, fraction)
+            at[fraction] = statistics.median(
+                first_batch(data, workers, True, state) for _ in range(repeats)
+            )
+            if fraction:
+                resumed_rest(data, workers, state, before)
+        out[f"resume w{workers}"] = at
+        ratio = at[0.9] / at[0.0]
+        print(f"  w{workers}: shuffled {shuffled * 1e3:.0f} ms (unshuffled {unshuffled * 1e3:.0f}"
+              f" ms; target ≤ {FIRST_BATCH_S:g} s); after a resume at 0 % {at[0.0] * 1e3:.0f} "
+              f"ms, at 90 % {at[0.9] * 1e3:.0f} ms: {ratio:.2f}x (target ≤ {RESUME_RATIO}); "
+              f"the resumed epoch is exact", flush=True)  # fmt: skip
+        verdicts.add(f"first batch shuffled w{workers}", f"{shuffled * 1e3:.0f} ms",
+                     f"unshuffled {unshuffled * 1e3:.0f} ms", f"≤ {FIRST_BATCH_S:g} s",
+                     shuffled <= FIRST_BATCH_S)  # fmt: skip
+        verdicts.add(f"first batch after resume w{workers}", f"{at[0.9] * 1e3:.0f} ms",
+                     f"at 0 %: {at[0.0] * 1e3:.0f} ms", f"≤ {FIRST_BATCH_S:g} s",
+                     at[0.9] <= FIRST_BATCH_S)  # fmt: skip
+        verdicts.add(f"resume 90 % / 0 % w{workers}", f"{ratio:.2f}x",
+                     f"at 0 %: {at[0.0] * 1e3:.0f} ms", f"≤ {RESUME_RATIO}",
+                     ratio <= RESUME_RATIO)  # fmt: skip
+    return out
+
+
+# ----------------------------------------------------------------------------- 6 memory
+
+
+def worker_peaks(data: Data, workers: int, **options: Any) -> list[int]:
+    """``VmHWM`` (bytes) of each persistent worker after one checked epoch."""
+    loader, _ = make_loader(data, workers=workers, persistent_workers=True, **options)
+    before = forked_children()
+    batches, pids = [], []
+    for batch in loader:
+        batches.append(batch["id"].numpy().copy())
+        pids = pids or sorted(forked_children() - before)
+    peaks = [status_kib(pid, "VmHWM") * 1024 for pid in pids]
+    check(Run(batches=batches), data, f"memory {options or 'unshuffled'}")
+    del loader
+    gc.collect()
+    return peaks
+
+
+def run_memory(data: Data, verdicts: Verdicts) -> dict[str, Any]:
+    workers = max(WORKERS)
+    print(f"\n6. memory: peak RSS (VmHWM) per worker, num_workers={workers}, persistent workers:")
+    cases: dict[str, dict[str, Any]] = {"unshuffled": {"shuffle": False}, "shuffled": {}}
+    default = default_budget()
+    if has_budget():
+        cases["shuffled, budget 1/16"] = {
+            "shuffle_memory_bytes": budget_for(data, workers, BINDING)
+        }
+    out: dict[str, Any] = {}
+    for name, options in cases.items():
+        out[name] = worker_peaks(data, workers, **options)
+    base = max(out["unshuffled"], default=0)
+    for name, options in cases.items():
+        budget = options.get("shuffle_memory_bytes", default if name != "unshuffled" else None)
+        extra = max(out[name], default=0) - base
+        peaks = ", ".join(f"{p / 2**20:.0f}" for p in out[name]) or "none found"
+        beside = f"; budget {budget / 2**20:.1f} MiB" if budget else ""
+        print(f"  {name:<24} {peaks} MiB   ({extra / 2**20:+.0f} MiB over unshuffled{beside})")
+        if budget and name != "unshuffled":
+            verdicts.add(f"memory {name} w{workers}", f"{extra / 2**20:+.0f} MiB",
+                         f"unshuffled {base / 2**20:.0f} MiB", f"≤ budget {budget / 2**20:.1f} "
+                         f"MiB + docs", extra <= budget)  # fmt: skip
+    return out
+
+
+# ----------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     quiet_setup(args.data)
-    wanted = {
-        "layout": "sorted_by_file",
-        "files": args.files,
-        "rows_per_file": args.rows_per_file,
-        "row_group_rows": args.row_group_rows,
-        "features": FEATURES,
+    datas = all_data(Path(args.data), args.scale)
+    print(f"data under {args.data} ({'quick' if args.quick else 'full'}):")
+    describe(datas)
+    print(f"shuffle_memory_bytes: {'default ' + str(default_budget()) if has_budget() else 'none'}"
+          f"; machine: {machine_note()}")  # fmt: skip
+    verdicts = Verdicts()
+    parts: dict[str, Callable[[], Any]] = {
+        "memory": lambda: run_memory(datas["main"], verdicts),
+        "quality": lambda: run_quality(args, datas["main"], verdicts),
+        "budget": lambda: run_budget(datas["main"], verdicts),
+        "layouts": lambda: run_layouts(datas, verdicts),
+        "cost": lambda: run_cost(args, datas, verdicts),
+        "latency": lambda: run_latency(datas["main"], verdicts),
     }
-    files = cached_files(
-        args.data,
-        wanted,
-        args.files,
-        lambda root: write_sorted_by_file(
-            root,
-            files=args.files,
-            rows_per_file=args.rows_per_file,
-            row_group_rows=args.row_group_rows,
-            features=FEATURES,
-        ),
-    )
-    total = args.files * args.rows_per_file
-    size = sum(os.path.getsize(f) for f in files)
-    print(
-        f"dataset: {args.data}: {len(files)} files x {args.rows_per_file:,} rows sorted by file "
-        f"(row groups of {args.row_group_rows:,}), {size / 2**20:.0f} MiB"
-    )
-    print(f"installed shuffle knobs (defaults): {shuffle_knobs() or 'none (split-level shuffle)'}")
-    print(f"machine: {machine_note()}")
-    columns = ["label", "row", *(f"f{i}" for i in range(FEATURES))]
-    # Memory first: workers are forked, so their RSS includes what this process holds by then.
-    memory = run_memory(args, columns)
-    q = run_quality(args, files, total, ["label", "row"])
-    cost = run_cost(args, total, columns)
-    seconds = time.perf_counter() - started
-    print(f"\nwhole run: {seconds:.0f} s")
-    if args.plot:
+    out: dict[str, Any] = {part: run() for part, run in parts.items() if part in args.only}
+    verdicts.show()
+    out["verdicts"], out["seconds"] = verdicts.rows, time.perf_counter() - started
+    print(f"\nwhole run: {out['seconds']:.0f} s; machine after: {machine_note()}")
+    if args.plot and out.get("budget"):
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        plot(args.plot, q, cost, f"{total:,} rows, {len(files)} files. {machine_note()}")
+        note = f"{datas['main'].total:,} rows, {len(datas['main'].paths)} files. {machine_note()}"
+        base = figures(uniform(datas["main"]))
+        plot(args.plot, out["budget"]["curve"], base, BINDING, note)
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(
-                {"quality": q, "cost": cost, "memory": memory, "seconds": seconds},
-                out,
-                indent=2,
-                default=str,
-            )
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2, default=str)
     return 0
 
 

@@ -1,103 +1,222 @@
-"""Shuffle quality on data sorted by file (a small ``benchmarks/bench_shuffle.py``).
+"""Shuffle quality on data sorted inside each file (a small ``benchmarks/bench_shuffle.py``).
 
-64 files x 4,096 rows, one label per file, row groups of 1,024, batches of 1,024: unshuffled,
-every batch holds one file; the sample-level shuffle of SPEC semantics 9 must mix ≥ 16.
+Issue 15's layout, scaled down: 16 files x 65,536 rows sorted by ``pos``, ten label blocks per
+file, row groups of 1,024, batches of 256 (``_shuffle_metrics``). The thresholds are the
+benchmark's targets taken relative to a uniform random permutation measured here at this scale
+(the full-scale targets are 9.5 / 0.27 / 1 % against the uniform 10 / 0.289 / 0.02 %). The
+scale keeps what makes the full-size targets hard: the budget that binds is 1/16 of a stream's
+data (2.5 MiB here, above the 1 MiB floor), a window of 64 row groups, 256 times a batch. One
+large file (64 row groups) and files of one big row group hold half as many rows, for speed.
+Public API only: whatever shuffle is on main is measured.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from _shuffle_metrics import (
-    adjacent_fraction,
-    distinct_per_batch,
+    Quality,
+    decoded_bytes,
+    exactly_once,
+    quality,
     spearman,
-    write_sorted_by_file,
+    uniform_batches,
+    write_sorted_inside,
 )
 
 from torch_dataloader_utils import StructuredDataset
 
-FILES, ROWS_PER_FILE, BATCH = 64, 4096, 1024  # batches never straddle a file in storage order
+FILES, ROWS_PER_FILE, ROW_GROUP_ROWS, BATCH = 16, 65_536, 1_024, 256
+TOTAL = FILES * ROWS_PER_FILE
+COLUMNS = ["id", "pos", "label", "f0", "f1", "f2", "f3"]
+# name -> (files, rows per file, row group rows); the last two at half the rows, for speed.
+LAYOUTS = {
+    "many_files": (FILES, ROWS_PER_FILE, ROW_GROUP_ROWS),
+    "one_large_file": (1, TOTAL // 2, 8_192),  # one split by default, 64 row groups
+    "one_row_group_per_file": (2, TOTAL // 4, TOTAL // 4),  # 256 Ki-row groups
+}
+PENDING = pytest.mark.xfail(strict=False, reason="issue 15: random shuffle not yet landed")
 
 
 @pytest.fixture(scope="module")
-def sorted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("sorted_by_file")
-    write_sorted_by_file(
-        root, files=FILES, rows_per_file=ROWS_PER_FILE, row_group_rows=1024, features=1
-    )
-    return root
+def layouts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    roots = {}
+    for name, (files, rows_per_file, row_group_rows) in LAYOUTS.items():
+        roots[name] = tmp_path_factory.mktemp(name)
+        write_sorted_inside(
+            roots[name], files=files, rows_per_file=rows_per_file, row_group_rows=row_group_rows
+        )
+    return roots
 
 
 @functools.cache
-def epoch(root: Path, shuffle: bool, num_workers: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
-    """Labels per batch and ``row`` in delivery order (one run per setting in this module)."""
+def epoch(root: Path, *, shuffle: bool = True, num_workers: int = 0, **knobs: Any) -> list:
+    """Ids per batch in delivery order, one epoch (one run per setting in this module)."""
     loader, _ = StructuredDataset.create_dataloader(
         str(root),
         batch_size=BATCH,
+        columns=COLUMNS,
         shuffle=shuffle,
         num_workers=num_workers,
-        columns=["label", "row"],
+        **knobs,
     )
-    labels, rows = [], []
-    for batch in loader:
-        labels.append(batch["label"].numpy())
-        rows.append(batch["row"].numpy())
-    return labels, np.concatenate(rows)
+    return [batch["id"].numpy().copy() for batch in loader]
+
+
+@functools.cache
+def uniform(total: int = TOTAL, rows_per_file: int = ROWS_PER_FILE) -> Quality:
+    return quality(uniform_batches(total, BATCH), rows_per_file)
+
+
+def meets(
+    q: Quality, *, labels: float, spread: float, neighbours: float, layout: str = "many_files"
+) -> None:
+    """Assert the targets relative to the uniform permutation of the layout's rows (labels and
+    neighbours as absolute margins, spread as a fraction), as the benchmark's full-scale ones."""
+    files, rows_per_file, _ = LAYOUTS[layout]
+    u = uniform(files * rows_per_file, rows_per_file)
+    seen = f"measured {q}; uniform permutation {u}"
+    assert q.labels >= u.labels - labels, f"labels per batch below {u.labels - labels:.2f}: {seen}"
+    assert q.spread >= u.spread * spread, f"spread below {u.spread * spread:.3f}: {seen}"
+    assert q.neighbours <= u.neighbours + neighbours, (
+        f"neighbours above {u.neighbours + neighbours:.2%}: {seen}"
+    )
+    assert abs(q.spearman) < 0.05, f"|spearman| not below 0.05: {seen}"
+
+
+def defaults_targets(q: Quality, layout: str = "many_files") -> None:
+    meets(q, labels=0.5, spread=0.27 / 0.289, neighbours=0.01, layout=layout)
+
+
+def binding_budget() -> int:
+    """1/16 of a stream's decoded data with ``num_workers=0`` (one stream)."""
+    parameters = inspect.signature(StructuredDataset).parameters
+    if "shuffle_memory_bytes" not in parameters:
+        pytest.skip("the installed StructuredDataset has no shuffle_memory_bytes")
+    return TOTAL * (3 * 8 + 4 * 4) // 16
+
+
+# ----------------------------------------------------------------------------- instruments
 
 
 def test_metrics_on_hand_made_inputs() -> None:
-    assert distinct_per_batch([[3, 3, 3], [1, 2, 2], [0, 1, 2, 3]]) == (1 + 2 + 4) / 3
-    assert distinct_per_batch([np.array([5, 5])]) == 1.0
-    assert distinct_per_batch([]) == 0.0
-    assert spearman([0, 1, 2, 3], [10, 20, 30, 40]) == pytest.approx(1.0)
+    n = 100  # rows per file: labels are pos // 10
+    q = quality([np.array([0, 1, 2]), np.array([10, 55, 99, 150])], n)
+    assert q.labels == (1 + 3) / 2  # labels 0 | 1, 5, 9, 5 (150 is pos 50 of file 1)
+    assert q.spread == pytest.approx((np.std([0, 0.01, 0.02]) + np.std([0.1, 0.55, 0.99, 0.5])) / 2)
+    assert q.neighbours == pytest.approx((2 / 3 + 0 / 4) / 2)  # 1 and 2 follow 0 and 1
+    assert q.spearman == pytest.approx(1.0)
+    assert quality([np.array([3, 0]), np.array([2, 5])], n).neighbours == 0.0
+    assert quality([np.array([1, 0])], n).neighbours == 0.5  # order inside the batch is free
     assert spearman([0, 1, 2, 3], [40, 30, 20, 10]) == pytest.approx(-1.0)
     # ranks 3 0 4 1 2: squared rank differences 9 1 4 4 4, 1 - 6 * 22 / (5 * (25 - 1))
     assert spearman([0, 1, 2, 3, 4], [7, 1, 9, 3, 5]) == pytest.approx(-0.1)
-    # Monotone but not linear: rank correlation 1, unlike Pearson's.
-    assert spearman(np.arange(6), np.array([1, 2, 4, 8, 16, 1000])) == pytest.approx(1.0)
-    assert spearman([0, 1, 2], [1, 0, 2]) == pytest.approx(0.5)  # 1 - 6*2 / (3*8)
     with pytest.raises(ValueError, match="equal length"):
         spearman([0, 1], [0, 1, 2])
-    assert adjacent_fraction([0, 1, 2, 3]) == 1.0
-    assert adjacent_fraction([3, 2, 1, 0]) == 0.0
-    assert adjacent_fraction([0, 1, 5, 6, 2]) == 0.5
-    assert adjacent_fraction([7]) == 0.0
 
 
-def test_written_data_is_sorted_by_file(sorted_dir: Path) -> None:
-    import pyarrow.parquet as pq
+def test_exactly_once_names_what_is_wrong() -> None:
+    assert exactly_once([np.array([2, 0]), np.array([1])], 3) is None
+    assert exactly_once([np.array([2, 0]), np.array([0, 5])], 3) == (
+        "4 ids delivered for 3 rows: 1 missing, 1 repeated, 1 out of range"
+    )
 
-    table = pq.read_table(sorted_dir / "part-00002.parquet")
-    assert table.column_names == ["label", "row", "f0"]
-    assert set(table.column("label").to_pylist()) == {2}
-    assert table.column("row").to_pylist() == list(range(2 * ROWS_PER_FILE, 3 * ROWS_PER_FILE))
-    assert pq.ParquetFile(sorted_dir / "part-00002.parquet").metadata.num_row_groups == 4
+
+def test_written_layout(layouts: dict[str, Path]) -> None:
+    table = pq.read_table(layouts["many_files"] / "part-00002.parquet")
+    assert table.column_names == COLUMNS
+    pos = table.column("pos").to_numpy()
+    assert np.array_equal(pos, np.arange(ROWS_PER_FILE))
+    assert np.array_equal(table.column("id").to_numpy(), pos + 2 * ROWS_PER_FILE)
+    assert np.array_equal(table.column("label").to_numpy(), pos * 10 // ROWS_PER_FILE)
+    blocks = np.bincount(table.column("label").to_numpy())
+    assert len(blocks) == 10
+    assert blocks.max() - blocks.min() <= 1
+    metadata = pq.ParquetFile(layouts["many_files"] / "part-00002.parquet").metadata
+    assert metadata.num_row_groups == ROWS_PER_FILE // ROW_GROUP_ROWS
+    one = pq.ParquetFile(layouts["one_row_group_per_file"] / "part-00001.parquet").metadata
+    assert (one.num_row_groups, one.num_rows) == (1, TOTAL // 4)
+    decoded = decoded_bytes([str(layouts["many_files"] / "part-00002.parquet")])
+    assert decoded == pytest.approx(ROWS_PER_FILE * (3 * 8 + 4 * 4), rel=0.03)  # + padding
+
+
+def test_uniform_permutation_meets_the_targets_it_anchors() -> None:
+    u = uniform()
+    assert u.labels == pytest.approx(10.0, abs=0.01)
+    assert u.spread == pytest.approx(0.2887, abs=0.002)
+    assert u.neighbours == pytest.approx((BATCH - 1) / TOTAL, rel=0.25)  # ~0.02 %
+    assert abs(u.spearman) < 0.005
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_shuffled_epoch_delivers_every_row_once(sorted_dir: Path, num_workers: int) -> None:
-    _, order = epoch(sorted_dir, shuffle=True, num_workers=num_workers)
-    assert np.array_equal(np.sort(order), np.arange(FILES * ROWS_PER_FILE))
+def test_storage_order_misses_every_target(layouts: dict[str, Path]) -> None:
+    """The instruments see storage order: unshuffled batches hold one label, one stretch."""
+    batches = epoch(layouts["many_files"], shuffle=False)
+    assert exactly_once(batches, TOTAL) is None
+    q = quality(batches, ROWS_PER_FILE)
+    assert q.labels < 1.1
+    assert q.spread < 0.002
+    assert q.neighbours > 0.99
+    assert q.spearman == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------- the shuffle
 
 
 @pytest.mark.slow
-def test_unshuffled_batches_hold_one_file(sorted_dir: Path) -> None:
-    labels, order = epoch(sorted_dir, shuffle=False)
-    assert np.array_equal(order, np.arange(FILES * ROWS_PER_FILE))
-    assert distinct_per_batch(labels) == 1.0
-    assert spearman(np.arange(len(order)), order) == pytest.approx(1.0)
-    assert adjacent_fraction(order) > 0.99
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_shuffled_epoch_delivers_every_row_once(layouts: dict[str, Path], layout: str) -> None:
+    files, rows_per_file, _ = LAYOUTS[layout]
+    assert exactly_once(epoch(layouts[layout]), files * rows_per_file) is None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_shuffled_batches_mix_files(sorted_dir: Path, num_workers: int) -> None:
-    labels, order = epoch(sorted_dir, shuffle=True, num_workers=num_workers)
-    assert distinct_per_batch(labels) >= 16
-    assert abs(spearman(np.arange(len(order)), order)) < 0.1
-    assert adjacent_fraction(order) < 0.1
+def test_shuffled_epoch_with_workers_delivers_every_row_once(layouts: dict[str, Path]) -> None:
+    assert exactly_once(epoch(layouts["many_files"], num_workers=2), TOTAL) is None
+
+
+@pytest.mark.slow
+def test_binding_budget_delivers_every_row_once(layouts: dict[str, Path]) -> None:
+    batches = epoch(layouts["many_files"], shuffle_memory_bytes=binding_budget())
+    assert exactly_once(batches, TOTAL) is None
+
+
+@PENDING
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_defaults_meet_the_quality_targets(layouts: dict[str, Path], layout: str) -> None:
+    defaults_targets(quality(epoch(layouts[layout]), LAYOUTS[layout][1]), layout)
+
+
+@PENDING
+@pytest.mark.slow
+def test_defaults_with_workers_meet_the_quality_targets(layouts: dict[str, Path]) -> None:
+    defaults_targets(quality(epoch(layouts["many_files"], num_workers=2), ROWS_PER_FILE))
+
+
+@PENDING
+@pytest.mark.slow
+def test_binding_budget_degrades_gracefully(layouts: dict[str, Path]) -> None:
+    """``shuffle_memory_bytes`` = 1/16 of the stream: ≥ 9 labels, ≥ 0.25, ≤ 2 % at full scale."""
+    batches = epoch(layouts["many_files"], shuffle_memory_bytes=binding_budget())
+    meets(quality(batches, ROWS_PER_FILE), labels=1.0, spread=0.25 / 0.289, neighbours=0.02)
+
+
+@PENDING
+@pytest.mark.slow
+def test_one_large_file_differs_between_epochs(layouts: dict[str, Path]) -> None:
+    """A new epoch is a new order, also when the data is one file (one split)."""
+    loader, dataset = StructuredDataset.create_dataloader(
+        str(layouts["one_large_file"]), batch_size=BATCH, columns=["id"], shuffle=True
+    )
+    orders = []
+    for number in (0, 1):
+        dataset.set_epoch(number)
+        orders.append(np.concatenate([batch["id"].numpy() for batch in loader]))
+    assert abs(spearman(orders[0], orders[1])) < 0.05
