@@ -37,7 +37,7 @@ def test_knobs_are_validated(twelve: Path, kwargs: dict, error: type, match: str
 
 
 def test_the_removed_shuffle_window_says_what_replaces_it(twelve: Path) -> None:
-    with pytest.raises(TypeError, match="shuffle_window was removed.*shuffle_memory_bytes"):
+    with pytest.raises(TypeError, match=r"shuffle_window was removed.*shuffle_memory_bytes"):
         StructuredDataset.create_dataloader(str(twelve), shuffle=True, shuffle_window=4)
 
 
