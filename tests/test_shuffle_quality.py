@@ -41,7 +41,6 @@ LAYOUTS = {
     "one_large_file": (1, TOTAL // 2, 8_192),  # one split by default, 64 row groups
     "one_row_group_per_file": (2, TOTAL // 4, TOTAL // 4),  # 256 Ki-row groups
 }
-PENDING = pytest.mark.xfail(strict=False, reason="issue 15: random shuffle not yet landed")
 
 
 @pytest.fixture(scope="module")
@@ -187,20 +186,17 @@ def test_binding_budget_delivers_every_row_once(layouts: dict[str, Path]) -> Non
     assert exactly_once(batches, TOTAL) is None
 
 
-@PENDING
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_defaults_meet_the_quality_targets(layouts: dict[str, Path], layout: str) -> None:
     defaults_targets(quality(epoch(layouts[layout]), LAYOUTS[layout][1]), layout)
 
 
-@PENDING
 @pytest.mark.slow
 def test_defaults_with_workers_meet_the_quality_targets(layouts: dict[str, Path]) -> None:
     defaults_targets(quality(epoch(layouts["many_files"], num_workers=2), ROWS_PER_FILE))
 
 
-@PENDING
 @pytest.mark.slow
 def test_binding_budget_degrades_gracefully(layouts: dict[str, Path]) -> None:
     """``shuffle_memory_bytes`` = 1/16 of the stream: ≥ 9 labels, ≥ 0.25, ≤ 2 % at full scale."""
@@ -208,7 +204,6 @@ def test_binding_budget_degrades_gracefully(layouts: dict[str, Path]) -> None:
     meets(quality(batches, ROWS_PER_FILE), labels=1.0, spread=0.25 / 0.289, neighbours=0.02)
 
 
-@PENDING
 @pytest.mark.slow
 def test_one_large_file_differs_between_epochs(layouts: dict[str, Path]) -> None:
     """A new epoch is a new order, also when the data is one file (one split)."""

@@ -2,10 +2,11 @@
 
 A stream's share (pieces of splits, in the epoch's split order) is cut into *blocks*: runs of
 consecutive units (row groups / record batches) of at most ``block_rows`` rows, a unit longer
-than that sliced into near-equal parts. The blocks are put in a keyed random order and cut into
-*windows* of at most ``window_rows`` rows (near-equal, on block boundaries), so each window
-holds blocks from anywhere in the share: many splits, at random places inside them. A window's
-rows (its blocks in storage order, concatenated) are delivered in a keyed random permutation.
+than that sliced into near-equal parts. The blocks are dealt to ``ceil(rows / window_rows)``
+*windows*, stratified: each run of as many consecutive blocks as there are windows gives every
+window one block, in a keyed random order. So each window holds blocks from all over the share
+(many splits, at random places inside them), and the windows are alike. A window's rows (its
+blocks in storage order, concatenated) are delivered in a keyed random permutation.
 
 Everything is integer arithmetic of our own (xxhash, splitmix64, a multiply-xorshift bijection),
 so every platform and numpy version computes the same order, and every worker, rank and resumed
@@ -72,25 +73,35 @@ def permuted(position: int, rows: int, key: int) -> int:
     return int(_walk(np.array([position], dtype=np.uint32), rows, key)[0])
 
 
-def _walk(x: npt.NDArray[np.uint32], rows: int, key: int) -> npt.NDArray[np.uint32]:
-    """The bijection applied to ``x`` (values below ``rows``) until each lands below ``rows``."""
+def _walk(
+    x: npt.NDArray[np.uint32], rows: int, key: int | npt.NDArray[np.uint64]
+) -> npt.NDArray[np.uint32]:
+    """The bijection keyed by ``key`` (one, or one per value) applied to ``x`` (values below
+    ``rows``) until each lands below ``rows``."""
     if rows <= 1:
         return x
     bits = int(rows - 1).bit_length()
-    x = _rounds(x, bits, key)
+    keys = np.asarray(key, dtype=np.uint64)
+    adds = [
+        (splitmix64(keys + np.uint64(n)) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        for n in range(len(_MULTIPLIERS))
+    ]
+    x = _rounds(x, bits, adds)
     outside = np.flatnonzero(x >= rows)
     while len(outside):
-        x[outside] = _rounds(x[outside], bits, key)
+        x[outside] = _rounds(x[outside], bits, [a if a.ndim == 0 else a[outside] for a in adds])
         outside = outside[x[outside] >= rows]
     return x
 
 
-def _rounds(x: npt.NDArray[np.uint32], bits: int, key: int) -> npt.NDArray[np.uint32]:
+def _rounds(
+    x: npt.NDArray[np.uint32], bits: int, adds: list[npt.NDArray[np.uint32]]
+) -> npt.NDArray[np.uint32]:
     mask = np.uint32((1 << bits) - 1)
     shift = np.uint32((bits + 1) // 2)
     shifted = np.empty_like(x)
-    for number, multiplier in enumerate(_MULTIPLIERS):
-        x += np.uint32(splitmix64_int(key + number) & 0xFFFFFFFF)
+    for add, multiplier in zip(adds, _MULTIPLIERS, strict=True):
+        x += add
         x &= mask
         x *= np.uint32(multiplier)
         x &= mask
@@ -148,6 +159,16 @@ def _block_edges(units: IntArray, block_rows: int) -> IntArray:
     return np.array(kept, dtype=np.int64)
 
 
+def _stratified(count: int, windows: int, key: int) -> IntArray:
+    """The window of each of ``count`` blocks: every run of ``windows`` consecutive blocks
+    gives each window one block, in a keyed random order, so every window samples the whole
+    share evenly."""
+    stratum, place = np.divmod(np.arange(count, dtype=np.int64), windows)
+    keys = splitmix64(stratum.astype(np.uint64) + np.uint64(key))
+    window: IntArray = _walk(place.astype(np.uint32), windows, keys).astype(np.int64)
+    return window
+
+
 @dataclass(frozen=True)
 class ShuffledShare:
     """One stream's share in its shuffled order: ``blocks`` in delivery order, cut into windows.
@@ -174,14 +195,18 @@ class ShuffledShare:
         # One window: every row meets every other, blocks do not matter; else enough of them.
         block_rows = total if windows == 1 else max(1, window_rows // BLOCKS_PER_WINDOW)
         blocks = cut_blocks(share, unit_starts, block_rows)
-        order = np.argsort(splitmix64(np.arange(len(blocks), dtype=np.uint64) + np.uint64(key)))
-        blocks = blocks.take(order.astype(np.int64))
-        if not len(blocks):
-            return cls(blocks, np.zeros(1, dtype=np.int64), key)
-        # Near-equal windows, cut at the block boundary nearest each ideal end.
-        targets = (np.arange(1, windows, dtype=np.int64) * total) // windows
-        inner = np.searchsorted(blocks.ends, targets, side="left") + 1
-        bounds = np.unique(np.concatenate(([0], np.minimum(inner, len(blocks)), [len(blocks)])))
+        largest = int(blocks.rows.max()) if len(blocks) else 0
+        while True:
+            window = _stratified(len(blocks), windows, key)
+            sizes = np.bincount(window, weights=blocks.rows, minlength=windows)
+            # a window may pass its rows by less than a block (the memory bound the docs state)
+            if windows >= len(blocks) or sizes.max() <= window_rows + largest:
+                break
+            windows += 1
+        stratum = np.arange(len(blocks), dtype=np.int64) // windows
+        blocks = blocks.take(np.lexsort((stratum, window)))
+        counts = np.bincount(window, minlength=windows)
+        bounds = np.concatenate(([0], np.cumsum(counts[counts > 0])))
         return cls(blocks, bounds.astype(np.int64), key)
 
     @cached_property
