@@ -347,11 +347,15 @@ def _piece_chunks(
 
 
 def _gather(batch: pa.RecordBatch, index: npt.NDArray[np.int64]) -> pa.RecordBatch:
-    """``batch.take(index)``; numpy's gather for plain numeric columns, twice as fast."""
+    """``batch.take(index)``; numpy's gather for plain numeric columns, twice as fast (and
+    wrapped as Arrow without ``pa.array``, whose numpy path imports pandas: seconds, once
+    per worker)."""
     columns = []
     for column in batch.columns:
         if column.null_count == 0 and (pat.is_integer(column.type) or pat.is_floating(column.type)):
-            columns.append(pa.array(column.to_numpy()[index], type=column.type))
+            values = column.to_numpy()[index]
+            buffers = [None, pa.py_buffer(values)]
+            columns.append(pa.Array.from_buffers(column.type, len(values), buffers))
         else:
             columns.append(column.take(index))
     return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
