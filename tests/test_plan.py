@@ -285,8 +285,12 @@ def test_elastic_deals_are_exactly_the_rows_not_delivered(epoch, data):
         even = data.draw(st.booleans())
         following = plan.then(generation, world_size=world, num_workers=workers, even=even)
         # The cut rows of the old streams are the rows the new deal skips tokens of.
-        rest = [row for g in range(plan.deal.streams + 1) for row in _rows_through(plan, g)[
+        over = all(p >= n for p, n in zip(positions, shares, strict=True))
+        streams = plan.deal.streams + (0 if over else 1)  # the left-out rows: stream S
+        rest = [row for g in range(streams) for row in _rows_through(plan, g)[
             positions[g] if g < plan.deal.streams else 0:]]  # fmt: skip
+        if over:
+            delivered += _rows_through(plan, plan.deal.streams)  # left out for good
         sequence = [row for g in range(following.deal.streams + 1)
                     for row in _rows_through(following, g)]  # fmt: skip
         assert sequence == rest

@@ -145,7 +145,7 @@ def test_s3_checkpoint_resumes_on_a_local_copy(s3: S3Env, tmp_path: Path):
     full = _harness.run_epoch({**case, "path": url})
     state, _ = _harness.checkpoint_after({**case, "path": url}, 5)
     assert state["files"]["root"] == "s3://tdu-test/prefix/train"
-    assert {entry[0] for entry in state["partial"]} <= {f"part-0000{i}.parquet" for i in range(3)}
+    assert {entry[3] for entry in state["streams"]} <= {f"part-0000{i}.parquet" for i in range(3)}
     s3.fs().get(url, str(tmp_path / "nvme") + "/", recursive=True)
     local = {**case, "path": str(tmp_path / "nvme"), "storage_options": None}
     assert _harness.resume(local, state) == full[5:]

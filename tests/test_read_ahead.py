@@ -124,19 +124,18 @@ def _ids(dataset: StructuredDataset) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("columns", "shuffle_window"),
-    [(None, None), (["id", "f3"], None), (["f5", "id"], 1), (["id", "f3"], 3)],
+    ("columns", "shuffle"), [(None, False), (["id", "f3"], False), (["f5", "id"], True)]
 )
 def test_an_epoch_fetches_the_projected_bytes_once(
     memory_files: tuple[str, list[bytes]],
     memory_counter: Counter,
     columns: list[str] | None,
-    shuffle_window: int | None,
+    shuffle: bool,
 ):
+    """Shuffled with the default budget, a window holds whole row groups: read once too."""
     url, datas = memory_files
     dataset = StructuredDataset(url, columns=columns, split_bytes=SPLIT_BYTES, batch_size=1000,
-                                shuffle=shuffle_window is not None,
-                                shuffle_window=shuffle_window)  # fmt: skip
+                                shuffle=shuffle)  # fmt: skip
     splits = dataset._epochs.index.splits
     assert len(splits) >= 12 and any(len(s.units) > 1 for s in splits)
     stored = sum(_projected_parquet_bytes(d, columns) for d in datas)

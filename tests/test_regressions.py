@@ -146,13 +146,13 @@ def test_non_elastic_global_restore_refuses_states_of_different_epochs(
     assert err.value.field == "epoch"
 
 
-def test_partial_entry_of_wrong_types_names_the_key(parquet_dir: Path, small_split: int):
+def test_stream_entry_of_wrong_types_names_the_key(parquet_dir: Path, small_split: int):
     case = {"path": str(parquet_dir), "batch_size": 7, "split_bytes": small_split}
     state, _ = _harness.checkpoint_after(case, 23)
-    assert state["partial"], "the checkpoint should hold a split in progress"
-    entry = state["partial"][0]
-    bad = {**state, "partial": [[entry[0], str(entry[1]), *entry[2:]]]}
-    with pytest.raises(InvalidStateError, match="partial entry"):
+    entry = state["streams"][0]
+    assert len(entry) == 8, "the checkpoint should hold a stream in progress"
+    bad = {**state, "streams": [[*entry[:4], str(entry[4]), *entry[5:]]]}
+    with pytest.raises(InvalidStateError, match=r"state key 'streams\[0\]'"):
         _harness.resume(case, bad)
 
 

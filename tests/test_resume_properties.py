@@ -194,8 +194,8 @@ def test_resume_rereads_at_most_one_unit(tmp_path, monkeypatch, fmt):
     }  # one split per file: the split in progress is mid-file
     full = _harness.run_epoch(case)
     state, _ = _harness.checkpoint_after(case, 45)  # row 450: file 2, row 50 (unit 3)
-    assert [p[1:3] for p in state["partial"]] == [[0, 300]]
-    assert state["partial"][0][4] == [0, 50]  # rows [0, 50) of the split delivered
+    (entry,) = state["streams"]  # 450 rows handed out; next: row 50 of the third file
+    assert entry[:3] == [450, 0, 700] and entry[4:6] == [0, 300] and entry[7] == 50
 
     read = _harness.count_decoded_rows(monkeypatch, fmt)  # (first unit, rows) per read
     assert _harness.resume(case, state) == full[45:]

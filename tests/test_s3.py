@@ -69,7 +69,7 @@ def test_resume_is_exact_in_a_new_dataset(s3: S3Env, dataset_url: str, num_worke
     case = _case(s3, dataset_url, shuffle=True, shuffle_seed=3, num_workers=num_workers)
     state = _harness.assert_resume_exact(case, k)
     assert state["files"]["root"] == "s3://tdu-test/data"  # names are relative to it
-    assert all(entry[0].startswith("part-0000") for entry in state["partial"])
+    assert all(entry[3].startswith("part-0000") for entry in state["streams"])
 
 
 def test_resume_with_projection_after_epoch_end(s3: S3Env, dataset_url: str):

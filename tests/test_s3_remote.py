@@ -230,7 +230,7 @@ def test_memory_protocol_reads_ahead_and_resumes(memory_data: str):
     assert not dataset._storage.is_local
     rows = [(int(i), n) for b in dataset for i, n in zip(b["id"], b["name"], strict=True)]
     assert sorted(rows) == [(i, f"r{i}") for i in range(120)]
-    for shuffle_window in (1, 4):
+    for budget in (4096, 2**20):  # windows of a few rows, and one window a stream
         case = {"path": memory_data, "columns": ["id", "name"], "batch_size": 8, "split_bytes": 1,
-                "shuffle": True, "shuffle_window": shuffle_window, "num_workers": 2}  # fmt: skip
+                "shuffle": True, "shuffle_memory_bytes": budget, "num_workers": 2}  # fmt: skip
         _harness.assert_resume_exact(case, 5)

@@ -201,7 +201,7 @@ def test_memory_dataset_reads_every_row_and_resumes(memory_root: str):
     assert sorted(_harness.ids(full)) == list(range(120))
     state = _harness.assert_resume_exact(case, 5, full=full)
     assert state["files"]["root"] == f"{memory_root}/data"  # names are relative to it
-    assert all(p[0].startswith("part-0000") for p in state["partial"])
+    assert all(entry[3].startswith("part-0000") for entry in state["streams"])
 
 
 def test_memory_missing_path(memory_root: str):

@@ -42,7 +42,8 @@ class Start:
 
     epoch: int
     generations: tuple[Generation, ...] = ()
-    positions: tuple[int, ...] | None = None  # TokenPosition when packed
+    # TokenPosition when packed; None for a stream whose progress the state does not hold
+    positions: tuple[int | None, ...] | None = None
     cursor: int = 0
     checkpoint_workers: int | None = None  # the num_workers to hold the checkpoint to
     checkpoint_split: str = ""
@@ -77,10 +78,15 @@ class Progress:
         self.positions[worker] = position
         self.cursor = cursor
 
-    def entries(self) -> list[StreamEntry]:
-        """Each stream's place, by content (kept until the stream moves)."""
-        out = []
-        for worker, position in self.positions.items():
+    def entries(self) -> list[StreamEntry | None]:
+        """Each stream's place, by content (kept until the stream moves); ``None`` for a stream
+        this process does not iterate (a DataLoader worker's copy knows its own stream only)."""
+        out: list[StreamEntry | None] = []
+        for worker in range(self.settings.streams_per_rank):
+            position = self.positions.get(worker)
+            if position is None:
+                out.append(None)
+                continue
             kept = self._entries.get(worker)
             if kept is None or kept[0] != position:
                 order = self.orders[worker]
@@ -191,6 +197,13 @@ class Epochs:
         )
         for worker in chosen:
             position = 0 if start.positions is None else start.positions[worker]
+            if position is None:
+                raise InvalidStateError(
+                    f"the state holds no position for worker {worker}: it was saved by another "
+                    f"worker's copy of the dataset (StatefulDataLoader keeps one state per "
+                    f"worker); load each worker's state in that worker, or save the state "
+                    f"through the loader"
+                )
             skips = {
                 row: tokens
                 for row, tokens in plan.stream_skips(first + worker).items()
@@ -254,7 +267,7 @@ class Epochs:
             first["_world_size"],
             first["_num_workers"],
             first["_even_batches"],
-            np.array([int(p) for p in positions], dtype=np.int64),
+            np.array([int(p or 0) for p in positions], dtype=np.int64),
             np.array([getattr(p, "tokens", 0) for p in positions], dtype=np.int64),
         )
         return Start(epoch=first["epoch"], generations=(*decoded.generations, generation))
@@ -267,7 +280,7 @@ class Epochs:
         num_workers: int,
         *,
         every: bool = False,
-    ) -> tuple[int, ...]:
+    ) -> tuple[int | None, ...]:
         """The positions of ``decoded``'s streams, checked against the plan: this rank's
         streams, or (``every``) all streams of the job in order."""
         plan = self.plan(start, num_workers)
@@ -278,8 +291,16 @@ class Epochs:
                 f"state key 'streams' holds {len(decoded.streams)} entries, but "
                 f"num_workers={num_workers} makes {count} stream(s): the state is corrupted"
             )
-        positions: list[int] = []
+        positions: list[int | None] = []
         for number, entry in enumerate(decoded.streams):
+            if entry is None:
+                if every:
+                    raise InvalidStateError(
+                        f"state key 'streams[{number}]' is null (a DataLoader worker's copy of "
+                        f"the dataset saved it): an elastic resume needs every stream's position"
+                    )
+                positions.append(None)
+                continue
             order = self.order(plan, first + number)
             if entry.rows != order.total or entry.next_row != order.row_at(entry.position):
                 where = "the end of a share"

@@ -198,7 +198,7 @@ class ShuffledShare:
         total = share.total
         windows = max(1, -(-total // window_rows), min(_MIN_WINDOWS, total // _SPLIT_ROWS))
         # One window: every row meets every other, blocks do not matter; else enough of them.
-        block_rows = total if windows == 1 else max(1, window_rows // BLOCKS_PER_WINDOW)
+        block_rows = total if windows == 1 else max(1, total // windows // BLOCKS_PER_WINDOW)
         blocks = cut_blocks(share, unit_starts, block_rows)
         largest = int(blocks.rows.max()) if len(blocks) else 0
         while True:

@@ -287,13 +287,16 @@ class EpochPlan:
              even: bool) -> EpochPlan:  # fmt: skip
         """The rows this deal's streams had not delivered at ``generation``, dealt anew.
 
-        The old left-out rows come last, as stream ``streams`` of this deal: a chain of elastic
+        Unless every stream had finished (the epoch is over: its left-out rows stay out), the
+        old left-out rows come last, as stream ``streams`` of this deal: a chain of elastic
         resumes leaves out only what its last deal leaves out.
         """
         streams = self.deal.streams
         ids = np.arange(streams + 1, dtype=np.int64)
         lo = np.concatenate((generation.positions, [0]))
-        hi = np.concatenate((self.deal.shares, [self.deal.left_out().total]))
+        shares = self.deal.shares
+        over = bool((generation.positions >= shares).all())
+        hi = np.concatenate((shares, [0 if over else self.deal.left_out().total]))
         keep = hi > lo
         sequence = Pieces(ids[keep], lo[keep], hi[keep])
         workers = max(1, num_workers)

@@ -16,7 +16,8 @@ A state is plain JSON-safe builtins::
                  [position, tokens, rows, path, row_offset, row_length, fingerprint, row]:
                  rows handed out, tokens of the next row handed out, the stream's rows, and
                  the split and row (within the split) it hands out next; [position, 0, rows]
-                 once it has handed out all its rows
+                 once it has handed out all its rows; null for a stream whose progress the
+                 saving process did not see (a DataLoader worker's copy of the dataset)
     generations  the deals this epoch had before elastic resumes, oldest first:
                  [world_size, num_workers, even_batches, positions, tokens] with every
                  stream's position and tokens as zlib + base64 int64 arrays
@@ -124,13 +125,13 @@ class Decoded:
     """A validated state, by split id: its generations and this rank's streams."""
 
     generations: tuple[Generation, ...]
-    streams: tuple[StreamEntry, ...]
+    streams: tuple[StreamEntry | None, ...]
 
 
 def encode(
     *,
     epoch: int,
-    streams: Sequence[StreamEntry],
+    streams: Sequence[StreamEntry | None],
     generations: Sequence[Generation],
     cursor: int,
     index: DatasetIndex,
@@ -164,7 +165,9 @@ def encode(
     }
 
 
-def _encode_stream(entry: StreamEntry, index: DatasetIndex) -> list[Any]:
+def _encode_stream(entry: StreamEntry | None, index: DatasetIndex) -> list[Any] | None:
+    if entry is None:
+        return None
     head = [entry.position, entry.tokens, entry.rows]
     if entry.next_row is None:
         return head
@@ -250,7 +253,9 @@ def _unpacked_ints(text: str, key: str) -> IntArray:
     return values
 
 
-def _decode_stream(entry: object, number: int, index: DatasetIndex) -> StreamEntry:
+def _decode_stream(entry: object, number: int, index: DatasetIndex) -> StreamEntry | None:
+    if entry is None:
+        return None
     if not (_is_stream(entry) and isinstance(entry, list)):
         raise _bad_stream(entry, number)
     next_row = None if len(entry) == 3 else (_split_of(entry[3:7], index), entry[7])
@@ -311,7 +316,7 @@ def check_shape(state: object) -> None:
     for number, generation in enumerate(state["generations"]):
         _decode_generation(generation, number)
     for number, entry in enumerate(state["streams"]):
-        if not _is_stream(entry):
+        if entry is not None and not _is_stream(entry):
             raise _bad_stream(entry, number)
 
 
@@ -527,7 +532,7 @@ def merge_states(
     check_coverage(states)
     check_same_epoch(states)
     first = min(states, key=lambda s: s["_rank"])
-    streams: list[StreamEntry] = []
+    streams: list[StreamEntry | None] = []
     for state in sorted(states, key=lambda s: s["_rank"]):
         for name in ("_num_workers", "_even_batches", "generations"):
             if state[name] != first[name]:

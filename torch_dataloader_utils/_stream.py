@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -198,29 +198,47 @@ def _shuffled_chunks(
 def _read_window(
     source: StreamSource, order: ShuffledShare, number: int
 ) -> tuple[pa.RecordBatch, int, int]:
-    """Window ``number``'s rows in storage order (adjacent blocks read as one run), its first
-    stream row and its key."""
+    """Window ``number``'s rows in storage order, its first stream row and its key.
+
+    Blocks of one unit (slices of a long row group) and adjacent blocks are read as one run,
+    so a window decodes each unit at most once; the rows between its blocks are dropped.
+    """
     blocks, begin, key = order.window(number)
-    runs = _runs_of(blocks)
+    runs, run_of = _runs_of(blocks, source.index.unit_starts)
     opener = _Opener(source, runs, 0, 0)
     schema = source.index.schema
     parts: list[pa.RecordBatch] = []
     lane_bytes = source.lane_bytes()
-    for number_in_window in range(len(runs)):
-        read = _piece_read(source, runs, number_in_window, 0)
+    for run in range(len(runs)):
+        read = _piece_read(source, runs, run, 0)
         handle = opener.open(read, lane_bytes)
-        rows = int(runs.rows[number_in_window])
-        parts.extend(_conform(c, schema) for c, _ in _piece_chunks(source, read, handle, rows))
+        rows = int(runs.rows[run])
+        chunks = [_conform(c, schema) for c, _ in _piece_chunks(source, read, handle, rows)]
+        whole = chunks[0] if len(chunks) == 1 else pa.concat_batches(chunks)
+        start = int(runs.lo[run])
+        for block in np.flatnonzero(run_of == run).tolist():
+            lo, hi = int(blocks.lo[block]), int(blocks.hi[block])
+            parts.append(whole.slice(lo - start, hi - lo))
     return pa.concat_batches(parts), begin, key
 
 
-def _runs_of(blocks: Pieces) -> Pieces:
-    """Blocks in storage order with adjacent ones (same split, touching rows) joined."""
-    starts = np.ones(len(blocks), dtype=bool)
-    starts[1:] = (blocks.splits[1:] != blocks.splits[:-1]) | (blocks.lo[1:] != blocks.hi[:-1])
-    first = np.flatnonzero(starts)
+def _runs_of(
+    blocks: Pieces, unit_starts: Callable[[int], npt.NDArray[np.int64]]
+) -> tuple[Pieces, npt.NDArray[np.int64]]:
+    """Reads that cover ``blocks`` (in storage order), and the read of each block: a block
+    joins the read before it when it is of the same split and no unit starts between them
+    (its rows would be decoded anyway to reach it)."""
+    joins = np.zeros(len(blocks), dtype=bool)
+    for i in range(1, len(blocks)):
+        split = int(blocks.splits[i])
+        if split == int(blocks.splits[i - 1]):
+            gap = unit_starts(split)
+            lo, hi = int(blocks.hi[i - 1]), int(blocks.lo[i])
+            joins[i] = not ((gap > lo) & (gap <= hi)).any()
+    run_of = np.cumsum(~joins) - 1
+    first = np.flatnonzero(~joins)
     last = np.append(first[1:], len(blocks)) - 1
-    return Pieces(blocks.splits[first], blocks.lo[first], blocks.hi[last])
+    return Pieces(blocks.splits[first], blocks.lo[first], blocks.hi[last]), run_of
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,9 @@ def inspect(args: argparse.Namespace) -> int:
 def _rank(state: Mapping[str, Any]) -> Report:
     return {
         "rank": state["_rank"],
-        "streams": [_stream(w, entry) for w, entry in enumerate(state["streams"])],
+        "streams": [
+            _stream(w, entry) for w, entry in enumerate(state["streams"]) if entry is not None
+        ],
         "generations": [
             {"world_size": g[0], "num_workers": g[1], "even_batches": g[2]}
             for g in state["generations"]
