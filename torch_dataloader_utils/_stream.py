@@ -385,11 +385,14 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def _units_for(unit_rows: tuple[int, ...], units: range, first: int, end: int) -> tuple[range, int]:
-    """The units of ``units`` holding file rows ``[first, end)``, and rows to skip in the first."""
+    """The units of ``units`` holding file rows ``[first, end)``, and rows to skip in the first;
+    no unit for no rows (after the last row of a split there may be no unit in the file)."""
+    if first >= end:
+        return range(units.stop, units.stop), 0
     bounds = list(itertools.accumulate(unit_rows, initial=0))
     unit = max(bisect.bisect_right(bounds, first) - 1, units.start)
     stop = min(bisect.bisect_left(bounds, end), units.stop)
-    return range(unit, max(stop, unit + 1)), first - bounds[unit]
+    return range(unit, stop), first - bounds[unit]
 
 
 @dataclass
