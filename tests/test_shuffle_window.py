@@ -11,7 +11,7 @@ from _data import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
 
-# About 40 rows a window on this data (two windows fill the budget).
+# About 23 rows a window on this data (three windows' worth fill the budget).
 SMALL_BUDGET = 4096
 
 
@@ -47,11 +47,12 @@ def _window_rows(root: Path, budget: int) -> int:
 
 
 def test_the_budget_sizes_the_window(twelve: Path) -> None:
-    """Two windows (one handed out, the next being read) fill the budget."""
+    """Three windows' worth (one handed out, the next while it is read and assembled) fill
+    the budget."""
     dataset = StructuredDataset(str(twelve), shuffle=True, shuffle_memory_bytes=2**20)
     row_bytes = dataset._index.row_bytes()
-    assert dataset._epochs.window_rows == 2**20 // (2 * row_bytes)
-    assert _window_rows(twelve, SMALL_BUDGET) == SMALL_BUDGET // (2 * row_bytes) < 480
+    assert dataset._epochs.window_rows == 2**20 // (3 * row_bytes)
+    assert _window_rows(twelve, SMALL_BUDGET) == SMALL_BUDGET // (3 * row_bytes) < 480
 
 
 def test_windows_hold_at_most_their_rows_and_blocks_from_many_splits(twelve: Path) -> None:
@@ -62,10 +63,10 @@ def test_windows_hold_at_most_their_rows_and_blocks_from_many_splits(twelve: Pat
     assert shuffled is not None
     sizes = np.diff(np.concatenate(([0], shuffled.ends)))
     assert sizes.sum() == 480 and len(sizes) == -(-480 // epochs.window_rows)
-    assert sizes.max() - sizes.min() <= 8  # near-equal, cut on blocks (a row group: 8 rows)
+    assert sizes.max() <= epochs.window_rows + 8  # at most a block (a row group: 8 rows) over
     files = [len(set(shuffled.window(w)[0].splits.tolist())) for w in range(len(sizes))]
     # blocks from anywhere in the share (some windows draw two blocks of one file)
-    assert min(files) >= 3 and np.mean(files) > 3
+    assert min(files) >= 2 and np.mean(files) > 2.5
 
 
 @pytest.mark.parametrize("budget", [SMALL_BUDGET, 3 * SMALL_BUDGET, 2**20])

@@ -86,9 +86,10 @@ class DatasetConfig:
             )
 
     def window_rows(self, row_bytes: int) -> int:
-        """Rows of a shuffle window for rows of ``row_bytes`` decoded bytes: two windows (one
-        handed out, the next being read) fill ``shuffle_memory_bytes``."""
-        rows = self.shuffle_memory_bytes // (2 * max(1, row_bytes))
+        """Rows of a shuffle window for rows of ``row_bytes`` decoded bytes: three windows' worth
+        fill ``shuffle_memory_bytes`` (the one handed out, and the next while it is read: its
+        decoded parts, then one contiguous copy)."""
+        rows = self.shuffle_memory_bytes // (3 * max(1, row_bytes))
         return int(min(max(1, rows), _MAX_WINDOW_ROWS))
 
     def _check_shuffle_knobs(self) -> None:
