@@ -55,7 +55,8 @@ def test_permutation_looks_uniform() -> None:
     st.integers(1, 60),
 )
 def test_blocks_cover_each_piece_once_within_the_bound(units, block_rows) -> None:
-    """Blocks tile every piece, cut on unit boundaries unless a unit is sliced."""
+    """Blocks tile every piece, cut on unit boundaries unless a unit is sliced, each shorter
+    than twice the bound."""
     starts = [np.cumsum([0, *u[:-1]]) for u in units]
     totals = [sum(u) for u in units]
     pieces = Pieces.of([(s, 0, totals[s]) for s in range(len(units))])
@@ -63,8 +64,8 @@ def test_blocks_cover_each_piece_once_within_the_bound(units, block_rows) -> Non
     rows = [(int(s), r) for s, lo, hi in zip(blocks.splits, blocks.lo, blocks.hi, strict=True)
             for r in range(lo, hi)]  # fmt: skip
     assert rows == [(s, r) for s in range(len(units)) for r in range(totals[s])]
-    longest = max(max(u) for u in units)
-    assert (blocks.rows <= max(block_rows, min(longest, 256))).all()
+    assert (blocks.rows < 2 * max(block_rows, 256)).all()
+    assert (blocks.rows > 0).all()
 
 
 def _index(file_rows: list[list[int]]) -> DatasetIndex:
@@ -128,10 +129,10 @@ def test_a_window_draws_blocks_from_all_over_the_share() -> None:
     starts = np.arange(10, dtype=np.int64) * 100
     share = Pieces.of([(s, 0, 1000) for s in range(64)])
     shuffled = ShuffledShare.build(share, unit_starts=lambda s: starts, window_rows=8000, key=5)
-    assert len(shuffled.ends) == 8
-    for number in range(8):
+    assert len(shuffled.ends) in (8, 9)  # near-equal windows within window_rows + a block
+    for number in range(len(shuffled.ends)):
         blocks, _, _ = shuffled.window(number)
-        assert len(blocks) >= BLOCKS_PER_WINDOW
+        assert len(blocks) >= BLOCKS_PER_WINDOW * 3 // 4  # blocks of about window / 64 rows
         assert len(set(blocks.splits.tolist())) > 32
         assert np.std(blocks.lo / 1000) > 0.25
 

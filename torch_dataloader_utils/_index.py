@@ -72,6 +72,11 @@ class DatasetIndex:
 
     def row_bytes(self) -> int:
         """Estimated decoded bytes per row of the projected columns (for memory budgets)."""
+        return self._row_bytes
+
+    @cached_property
+    def _row_bytes(self) -> int:
+        """``row_bytes``, summed over the files once (it sizes every stream's windows)."""
         rows = sum(f.metadata.num_rows for f in self.files)
         stored = sum(sum(f.metadata.unit_bytes) for f in self.files)
         return max(converted_row_bytes(self.schema), -(-stored // max(1, rows)), 1)

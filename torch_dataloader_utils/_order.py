@@ -37,7 +37,7 @@ __all__ = [
     "stream_key",
 ]
 
-# A window holds at least this many blocks when the share needs more than one window: a batch,
+# A window holds about this many blocks when the share needs more than one window: a batch,
 # drawn from the whole window, then samples that many places of the share.
 BLOCKS_PER_WINDOW = 64
 # A share that fits one window is still cut into up to this many, of at least _SPLIT_ROWS rows
@@ -121,47 +121,50 @@ def splitmix64_int(value: int) -> int:
 
 
 def cut_blocks(pieces: Pieces, unit_starts: Callable[[int], IntArray], block_rows: int) -> Pieces:
-    """``pieces`` cut into blocks of at most ``block_rows`` rows on unit boundaries.
+    """``pieces`` cut into blocks of about ``block_rows`` rows on unit boundaries.
 
     ``unit_starts(split)``: the first row of each unit of the split, relative to the split.
-    Consecutive units share a block while they fit; a longer unit is sliced into near-equal
-    parts of at least ``_MIN_SLICE_ROWS`` rows (each re-decodes the unit's rows before it, a
-    cost the docs state).
+    A unit longer than ``block_rows`` is sliced into near-equal parts of at least
+    ``_MIN_SLICE_ROWS`` rows (each re-decodes the unit's rows before it, a cost the docs
+    state); the parts of a piece starting within the same ``block_rows`` of it make one block,
+    so a block holds less than ``2 * max(block_rows, _MIN_SLICE_ROWS)`` rows. Vectorised over
+    the pieces: one stream's plan costs a look-up per piece, not Python per unit.
     """
-    splits: list[IntArray] = []
-    bounds: list[IntArray] = []
-    for split, lo, hi in zip(pieces.splits.tolist(), pieces.lo.tolist(), pieces.hi.tolist(),
-                             strict=True):  # fmt: skip
-        starts = unit_starts(split)
-        inner = starts[(starts > lo) & (starts < hi)]
-        edges = _block_edges(np.concatenate(([lo], inner, [hi])), block_rows)
-        splits.append(np.full(len(edges) - 1, split, dtype=np.int64))
-        bounds.append(edges)
-    if not splits:
+    if not len(pieces):
         return Pieces.empty()
-    return Pieces(
-        np.concatenate(splits),
-        np.concatenate([b[:-1] for b in bounds]),
-        np.concatenate([b[1:] for b in bounds]),
-    )
-
-
-def _block_edges(units: IntArray, block_rows: int) -> IntArray:
-    """Block boundaries over unit boundaries ``units``: long units sliced, short ones joined."""
-    lengths = np.diff(units)
-    parts = np.maximum(1, -(-lengths // max(block_rows, _MIN_SLICE_ROWS)))
-    edges = [units[:1]]
-    for start, length, count in zip(units[:-1].tolist(), lengths.tolist(), parts.tolist(),
-                                    strict=True):  # fmt: skip
-        edges.append(start + (np.arange(1, count + 1, dtype=np.int64) * length) // count)
-    fine: IntArray = np.concatenate(edges)
-    # Join consecutive parts while a block stays within block_rows (greedy, left to right).
-    kept = [int(fine[0])]
-    for i in range(1, len(fine) - 1):
-        if int(fine[i + 1]) - kept[-1] > block_rows:
-            kept.append(int(fine[i]))
-    kept.append(int(fine[-1]))
-    return np.array(kept, dtype=np.int64)
+    count = len(pieces)
+    inner, owner = [], []
+    for number, (split, lo, hi) in enumerate(
+        zip(pieces.splits.tolist(), pieces.lo.tolist(), pieces.hi.tolist(), strict=True)
+    ):
+        starts = unit_starts(split)
+        starts = starts[(starts > lo) & (starts < hi)]
+        inner.append(starts)
+        owner.append(np.full(len(starts), number, dtype=np.int64))
+    ids = np.arange(count, dtype=np.int64)
+    piece = np.concatenate([ids, *owner])
+    edge = np.concatenate([pieces.lo, *inner])
+    order = np.lexsort((edge, piece))
+    piece, edge = piece[order], edge[order]
+    # units of each piece: from each edge to the next one of the piece, or to the piece's end
+    end = np.append(edge[1:], 0)
+    last = np.append(piece[1:] != piece[:-1], True)
+    end[last] = pieces.hi[piece[last]]
+    length = end - edge
+    parts = np.maximum(1, -(-length // max(block_rows, _MIN_SLICE_ROWS)))
+    which = np.repeat(np.arange(len(edge), dtype=np.int64), parts)
+    nth = np.arange(len(which), dtype=np.int64) - np.repeat(np.cumsum(parts) - parts, parts)
+    start = edge[which] + nth * length[which] // parts[which]
+    owner_of = piece[which]
+    group = (start - pieces.lo[owner_of]) // max(1, block_rows)
+    first = np.ones(len(start), dtype=bool)
+    first[1:] = (owner_of[1:] != owner_of[:-1]) | (group[1:] != group[:-1])
+    lo = start[first]
+    block_piece = owner_of[first]
+    hi = np.append(lo[1:], 0)
+    ends = np.append(block_piece[1:] != block_piece[:-1], True)
+    hi[ends] = pieces.hi[block_piece[ends]]
+    return Pieces(pieces.splits[block_piece], lo, hi)
 
 
 def _stratified(count: int, windows: int, key: int) -> IntArray:
