@@ -75,7 +75,7 @@ HF_BUFFERS = (10_000, 1_000)
 CURVE = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1.0)  # budget as a fraction of a stream's data
 BINDING = 1 / 16
 PARTS = ("memory", "quality", "budget", "layouts", "cost", "latency")  # in the order they run
-MIN_BUDGET = 2**20  # the library refuses less per stream
+MIN_BUDGET = 4096  # the library refuses less per stream
 SEQ_LEN, SEQUENCES = 2048, 128  # packed batches: 262,144 tokens, about a 1,024-row batch's
 PACKING = TokenPacking("input_ids", seq_len=SEQ_LEN, separator=EOS)
 
@@ -117,7 +117,7 @@ def default_budget() -> int | None:
 
 
 def budget_for(data: Data, workers: int, fraction: float) -> int:
-    """``fraction`` of a stream's decoded data, at least the library's 1 MiB floor."""
+    """``fraction`` of a stream's decoded data, at least the library's floor."""
     return max(MIN_BUDGET, round(data.stream_bytes(workers) * fraction))
 
 

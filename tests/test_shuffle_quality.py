@@ -5,7 +5,7 @@ file, row groups of 1,024, batches of 256 (``_shuffle_metrics``). The thresholds
 benchmark's targets taken relative to a uniform random permutation measured here at this scale
 (the full-scale targets are 9.5 / 0.27 / 1 % against the uniform 10 / 0.289 / 0.02 %). The
 scale keeps what makes the full-size targets hard: the budget that binds is 1/16 of a stream's
-data (2.5 MiB here, above the 1 MiB floor), a window of 64 row groups, 256 times a batch. One
+data (2.5 MiB here), windows of about 21 row groups, dozens of batches each. One
 large file (64 row groups) and files of one big row group hold half as many rows, for speed.
 Public API only: whatever shuffle is on main is measured.
 """
