@@ -8,7 +8,7 @@ number of batches. Nothing here reads files.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -262,15 +262,23 @@ class Epochs:
         )
         start = Start(epoch=first["epoch"], generations=decoded.generations)
         settings = old.settings(first["_num_workers"])
-        positions = old._positions(start, decoded, settings, first["_num_workers"], every=True)
+        workers = first["_num_workers"]
+        positions = old._positions(start, decoded, settings, workers, every=True, check=())
         generation = Generation(
             first["_world_size"],
-            first["_num_workers"],
+            workers,
             first["_even_batches"],
             np.array([int(p or 0) for p in positions], dtype=np.int64),
             np.array([getattr(p, "tokens", 0) for p in positions], dtype=np.int64),
         )
-        return Start(epoch=first["epoch"], generations=(*decoded.generations, generation))
+        elastic = Start(epoch=first["epoch"], generations=(*decoded.generations, generation))
+        # The content of the old streams whose rest this rank reads (not every old stream's:
+        # a rank's plan costs its own share)
+        plan = self.plan(elastic, num_workers)
+        mine = range(self.rank * plan.num_workers, (self.rank + 1) * plan.num_workers)
+        read = {int(g) for w in mine for g in plan.stream_share(w).splits.tolist()}
+        old._positions(start, decoded, settings, workers, every=True, check=read)
+        return elastic
 
     def _positions(
         self,
@@ -280,12 +288,15 @@ class Epochs:
         num_workers: int,
         *,
         every: bool = False,
+        check: Collection[int] | None = None,
     ) -> tuple[int | None, ...]:
         """The positions of ``decoded``'s streams, checked against the plan: this rank's
-        streams, or (``every``) all streams of the job in order."""
+        streams, or (``every``) all streams of the job in order. Every stream's rows are
+        checked; the row it hands out next, for the streams in ``check`` (default: all)."""
         plan = self.plan(start, num_workers)
         first = 0 if every else self.rank * plan.num_workers
         count = plan.deal.streams if every else plan.num_workers
+        shares = plan.deal.shares_of(first, count).tolist()
         if len(decoded.streams) != count:
             raise InvalidStateError(
                 f"state key 'streams' holds {len(decoded.streams)} entries, but "
@@ -301,13 +312,16 @@ class Epochs:
                     )
                 positions.append(None)
                 continue
-            order = self.order(plan, first + number)
-            if entry.rows != order.total or entry.next_row != order.row_at(entry.position):
+            stream = first + number
+            checked = check is None or stream in check
+            if entry.rows != shares[number] or (
+                checked and entry.next_row != self.order(plan, stream).row_at(entry.position)
+            ):
                 where = "the end of a share"
                 if entry.next_row is not None:
                     split, row = entry.next_row
                     where = f"{self.index.describe(split)} row {row}"
-                raise misplaced(where, settings, (first + number) % plan.num_workers)
+                raise misplaced(where, settings, stream % plan.num_workers)
             positions.append(
                 TokenPosition(entry.position, entry.tokens) if entry.tokens else entry.position
             )
