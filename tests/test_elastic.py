@@ -125,6 +125,25 @@ def test_elastic_with_even_batches_gives_ranks_equal_counts(case: dict[str, Any]
     assert max(delivered.values()) == 1
 
 
+@given(worlds=st.lists(st.integers(1, 4), min_size=2, max_size=4), cut=st.integers(0, 4))
+def test_a_chain_of_evened_elastic_resumes_leaves_out_less_than_its_last_streams(
+    case: dict[str, Any], worlds: list[int], cut: int
+) -> None:
+    """even_batches leaves out fewer than S rows of an epoch, however many elastic resumes
+    the epoch goes through: a deal takes in again what the one before left out."""
+    evened = {**case, "even_batches": True}
+    parts: list[Batches] = []
+    states = None
+    for world in worlds[:-1]:
+        batches, states = job(evened, world, [cut] * world, states)
+        parts += batches
+    batches, _ = job(evened, worlds[-1], [None] * worlds[-1], states)
+    parts += batches
+    delivered = Counter(i for part in parts for batch in part for i in batch)
+    assert max(delivered.values()) == 1
+    assert TOTAL_ROWS - len(delivered) < worlds[-1]  # one stream per rank
+
+
 def test_elastic_order_is_deterministic(case: dict[str, Any]) -> None:
     """Not the uninterrupted order, but the same for the same checkpoint and new world."""
     _, states = job(case, 2, [2, 5])
