@@ -34,6 +34,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import itertools
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -293,7 +294,7 @@ def check_shape(state: object) -> None:
     if not isinstance(state, Mapping):
         raise InvalidStateError(f"a state must be a dict, got {type(state).__name__}")
     version = state.get("version")
-    if version in _OLD_VERSIONS:
+    if type(version) is int and version in _OLD_VERSIONS:
         raise InvalidStateError(
             f"this state is version {version}, {_OLD_VERSIONS[version]}; this library reads "
             f"version {STATE_VERSION} and cannot continue that epoch exactly. Restart the "
@@ -313,11 +314,32 @@ def check_shape(state: object) -> None:
             )
         if isinstance(value, int) and value < 0 and key not in _SIGNED_KEYS:
             raise InvalidStateError(f"state key {key!r} must be >= 0, got {value}")
+    _check_nested(state)
     for number, generation in enumerate(state["generations"]):
         _decode_generation(generation, number)
     for number, entry in enumerate(state["streams"]):
         if entry is not None and not _is_stream(entry):
             raise _bad_stream(entry, number)
+
+
+def _check_nested(state: Mapping[str, Any]) -> None:
+    """The parts of ``files`` and ``_packing`` that code reads without further checks: of the
+    right type, or an error naming the key."""
+    for key, kind in (("count", int), ("digest", str), ("root", str), ("groups", list)):
+        value = state["files"].get(key)
+        if key in state["files"] and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise InvalidStateError(
+                f"state key 'files.{key}' must be {_type_name(kind)}, got {type(value).__name__}"
+            )
+    packing = state["_packing"]
+    if packing is not None and not (
+        len(packing) == 2
+        and isinstance(packing[0], str)
+        and (packing[1] is None or type(packing[1]) is int)
+    ):
+        raise InvalidStateError(
+            f"state key '_packing' must be null or [column, separator], got {packing!r:.200}"
+        )
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
@@ -494,16 +516,17 @@ def check_coverage(states: Sequence[Mapping[str, Any]]) -> None:
     """One state per rank of the old job, each exactly once, all of one world size."""
     ranks = sorted(s["_rank"] for s in states)
     world_size = states[0]["_world_size"]
-    if ranks == list(range(world_size)) and {s["_world_size"] for s in states} == {world_size}:
+    if ranks == list(range(len(states))) and {s["_world_size"] for s in states} == {len(states)}:
         return
-    missing = sorted(set(range(world_size)) - set(ranks))
+    present = set(ranks)  # a corrupted world_size may be huge: name the first missing ranks
+    missing = list(itertools.islice((r for r in range(world_size) if r not in present), 8))
     duplicated = sorted({r for r in ranks if ranks.count(r) > 1})
     raise CheckpointMismatchError(
         f"the states do not cover the old job's ranks exactly once: ranks {ranks} for "
         f"world_size={world_size} (missing {missing}, duplicated {duplicated})."
         f"\nLikely cause: states list incomplete: checkpoint=world_size {world_size}, "
         f"current={len(states)} states",
-        split=stored_split(states[0]), field="rank", expected=list(range(world_size)),
+        split=stored_split(states[0]), field="rank", expected=range(world_size),
         found=ranks,
     )  # fmt: skip
 
