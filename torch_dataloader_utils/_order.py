@@ -34,7 +34,6 @@ __all__ = [
     "cut_blocks",
     "permutation",
     "permuted",
-    "stream_key",
 ]
 
 # A window holds about this many blocks when the share needs more than one window: a batch,
@@ -52,7 +51,7 @@ _MULTIPLIERS = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F)
 _CHUNK = 1 << 15
 
 
-def stream_key(seed: int, epoch: int, tag: str) -> int:
+def _stream_key(seed: int, epoch: int, tag: str) -> int:
     """The 64-bit key of one stream's order in one epoch (``tag`` names the stream)."""
     return int(xxhash.xxh64_intdigest(f"{seed}:{epoch}:{tag}".encode()))
 
@@ -115,7 +114,7 @@ def _rounds(
     return x
 
 
-def splitmix64_int(value: int) -> int:
+def _splitmix64_int(value: int) -> int:
     """splitmix64 of one Python int (modulo 2^64)."""
     return int(splitmix64(np.array([value & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0])
 
@@ -251,7 +250,7 @@ class ShuffledShare:
         part = self.blocks.take(slice(int(self.bounds[number]), int(self.bounds[number + 1])))
         order = np.lexsort((part.lo, part.splits))
         begin = int(self.ends[number - 1]) if number else 0
-        return part.take(order), begin, splitmix64_int(self.key + number + 1)
+        return part.take(order), begin, _splitmix64_int(self.key + number + 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -291,7 +290,7 @@ class StreamOrder:
             self.pieces,
             unit_starts=self.index.unit_starts,
             window_rows=shuffle.window_rows,
-            key=stream_key(shuffle.seed, plan.epoch, f"{plan.world_size}x{plan.num_workers}/"
+            key=_stream_key(shuffle.seed, plan.epoch, f"{plan.world_size}x{plan.num_workers}/"
                            f"{self.stream}"),
         )  # fmt: skip
 
