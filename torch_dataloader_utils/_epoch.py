@@ -119,7 +119,7 @@ class Epochs:
 
     @property
     def window_rows(self) -> int:
-        return self.config.window_rows(self.index.row_bytes()) if self.config.shuffle else 0
+        return self.config.window_rows(self.index.file_row_bytes) if self.config.shuffle else 0
 
     def settings(self, num_workers: int) -> Settings:
         config = self.config

@@ -75,11 +75,22 @@ class DatasetIndex:
         return self._row_bytes
 
     @cached_property
-    def _row_bytes(self) -> int:
-        """``row_bytes``, summed over the files once (it sizes every stream's windows)."""
+    def file_row_bytes(self) -> int:
+        """Estimated decoded bytes per row of the files, all columns (sizes shuffle windows:
+        the same whatever the projection, so a checkpoint's plan does not hang on it)."""
+        full = converted_row_bytes(self.files[0].metadata.schema) if self.files else 0
+        return max(full, self._stored_row_bytes, 1)
+
+    @cached_property
+    def _stored_row_bytes(self) -> int:
         rows = sum(f.metadata.num_rows for f in self.files)
         stored = sum(sum(f.metadata.unit_bytes) for f in self.files)
-        return max(converted_row_bytes(self.schema), -(-stored // max(1, rows)), 1)
+        return -(-stored // max(1, rows))
+
+    @cached_property
+    def _row_bytes(self) -> int:
+        """``row_bytes``, summed over the files once."""
+        return max(converted_row_bytes(self.schema), self._stored_row_bytes, 1)
 
     def unit_starts(self, split: int) -> npt.NDArray[np.int64]:
         """The first row of each unit of ``split``, relative to the split's first row."""

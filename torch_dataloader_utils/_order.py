@@ -246,11 +246,21 @@ class ShuffledShare:
         return int(blocks.splits[block]), int(blocks.lo[block]) + row - start
 
     def window(self, number: int) -> tuple[Pieces, int, int]:
-        """Window ``number``: its blocks in storage order, its first stream row, its key."""
-        part = self.blocks.take(slice(int(self.bounds[number]), int(self.bounds[number + 1])))
-        order = np.lexsort((part.lo, part.splits))
-        begin = int(self.ends[number - 1]) if number else 0
-        return part.take(order), begin, _splitmix64_int(self.key + number + 1)
+        """Window ``number``: its blocks in storage order, its first stream row, its key (the
+        last one asked for is kept: ``state_dict`` asks for the same window every step)."""
+        kept = self._kept.get(number)
+        if kept is None:
+            part = self.blocks.take(slice(int(self.bounds[number]), int(self.bounds[number + 1])))
+            order = np.lexsort((part.lo, part.splits))
+            begin = int(self.ends[number - 1]) if number else 0
+            kept = part.take(order), begin, _splitmix64_int(self.key + number + 1)
+            self._kept.clear()
+            self._kept[number] = kept
+        return kept
+
+    @cached_property
+    def _kept(self) -> dict[int, tuple[Pieces, int, int]]:
+        return {}
 
 
 @dataclass(frozen=True, kw_only=True)

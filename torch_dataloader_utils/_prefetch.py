@@ -77,4 +77,7 @@ def _stop_producers() -> None:
     for stop, _ in producers:
         stop.set()
     for _, thread in producers:
-        thread.join(_EXIT_JOIN_SECONDS)
+        # registered by another producer (a nested read-ahead) but not started yet: its stop
+        # is set, so once started it ends at its first item
+        if thread.ident is not None:
+            thread.join(_EXIT_JOIN_SECONDS)

@@ -199,8 +199,8 @@ def decode(
     check_shape(state)
     _check_settings(state, settings, elastic)
     _check_files(state, index)
-    # rows of a shuffle window, from the budget and the files' bytes per row of the columns
-    # read: compared once the files are known to agree
+    # rows of a shuffle window, from the budget and the files' bytes per row: compared once
+    # the files are known to agree
     check_setting(
         "shuffle_window_rows", state["_shuffle_window_rows"], settings.window_rows,
         stored_split(state),
@@ -381,7 +381,7 @@ def check_setting(name: str, expected: object, found: object, split: str) -> Non
         return
     hint = ""
     if name == "shuffle_window_rows":
-        hint = " (the rows of a shuffle window follow the bytes per row of the columns read)"
+        hint = " (the rows of a shuffle window follow the files' bytes per row)"
     if name in ELASTIC_FIELDS:
         hint = " (pass elastic=True with every rank's state to re-deal the rest of the epoch)"
     what = f"the state of rank {expected}" if name == "rank" else "this checkpoint"
