@@ -45,6 +45,9 @@ _PROGRESS_MIN_FILES = 64
 _MAX_READ_THREADS = 32
 # Rows one split may hold (a unit this long is more than any row group a writer makes).
 MAX_SPLIT_ROWS = 1 << 30
+# The unit starts of a split of one unit (read-only: shared).
+_ONE_UNIT = np.zeros(1, dtype=np.int64)
+_ONE_UNIT.flags.writeable = False
 # A state names at most this many groups of files, so its size does not grow with the file count.
 MAX_FILE_GROUPS = 256
 # Distinct schemas looked for when sharing one object among equal ones (usually there is one).
@@ -95,6 +98,8 @@ class DatasetIndex:
     def unit_starts(self, split: int) -> npt.NDArray[np.int64]:
         """The first row of each unit of ``split``, relative to the split's first row."""
         units = self.splits[split].units
+        if len(units) == 1:
+            return _ONE_UNIT
         rows = self.files[self.splits[split].file].metadata.unit_rows[units.start : units.stop]
         return np.cumsum((0, *rows[:-1]), dtype=np.int64)
 

@@ -137,9 +137,10 @@ def cut_blocks(pieces: Pieces, unit_starts: Callable[[int], IntArray], block_row
         zip(pieces.splits.tolist(), pieces.lo.tolist(), pieces.hi.tolist(), strict=True)
     ):
         starts = unit_starts(split)
-        starts = starts[(starts > lo) & (starts < hi)]
-        inner.append(starts)
-        owner.append(np.full(len(starts), number, dtype=np.int64))
+        if len(starts) > 1:  # a split of one unit has no boundary inside
+            starts = starts[(starts > lo) & (starts < hi)]
+            inner.append(starts)
+            owner.append(np.full(len(starts), number, dtype=np.int64))
     ids = np.arange(count, dtype=np.int64)
     piece = np.concatenate([ids, *owner])
     edge = np.concatenate([pieces.lo, *inner])
