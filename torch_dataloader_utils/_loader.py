@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch.utils.data
@@ -12,6 +13,8 @@ from ._compat import ACCELERATE_PREPARED, accelerator_available, shutdown_worker
 from ._dataset import StructuredDataset
 from ._epoch import Progress
 from ._errors import LostBatchesError, UnsendableBatchError
+from ._handout import HandOuts
+from ._log import log
 from ._packets import WorkerFailure, slot_bytes
 from ._stream import Position
 from ._transport import Packet, SharedSlots
@@ -47,12 +50,17 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
         dataset._attach_loader(self.num_workers)
         self._slots: SharedSlots | None = None
+        self._handouts: HandOuts | None = None  # the current iteration's
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        batches: Iterator[Any]
         if self.num_workers == 0:
             with self.dataset._iteration(0):  # the DataLoader calls iter(dataset) at once
-                return super().__iter__()
-        return self._unpacked()
+                batches = super().__iter__()
+        else:
+            batches = self._unpacked()
+        self._handouts = HandOuts()
+        return _handed_out(batches, self.dataset, self._handouts)
 
     def _unpacked(self) -> Iterator[Any]:
         """Batches in strict round-robin over workers from the cursor, whatever the packet sizes."""
@@ -106,8 +114,23 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         return len(self.dataset)
 
     def state_dict(self) -> dict[str, Any]:
-        """The dataset's state: what this loader has handed to the training loop."""
-        return self.dataset.state_dict()
+        """What the training loop has consumed: the batches this loader handed out, less any
+        dict batch handed out and not read yet (a trainer reading ahead holds it)."""
+        return self._consumed_state()
+
+    def _consumed_state(self) -> dict[str, Any]:
+        handouts = self._handouts
+        unread = handouts.unread() if handouts is not None else None
+        if handouts is None or unread is None or handouts.progress is not self.dataset._progress:
+            return self.dataset.state_dict()
+        count, mark = unread
+        log.info(
+            "state_dict(): %d batch(es) handed out and not read yet (a trainer reading ahead, "
+            "e.g. Lightning's fetcher when the loader has no len()) are left out of the state; "
+            "a resume delivers them",
+            count,
+        )
+        return self.dataset._state_at(mark)
 
     def load_state_dict(
         self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, elastic: bool = False
@@ -120,9 +143,9 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
     def save_state_rank(self) -> dict[str, Any]:
         """This rank's state, as Megatron-Energon's ``loader.save_state_rank()``.
 
-        The same as ``state_dict()``: what this loader has handed to the training loop.
+        The same as ``state_dict()``: what the training loop has consumed.
         """
-        return self.dataset.state_dict()
+        return self._consumed_state()
 
     def restore_state_rank(self, state: Mapping[str, Any]) -> None:
         """Continue from this rank's ``state``, as Megatron-Energon's ``restore_state_rank``.
@@ -160,6 +183,27 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
 # rebuilding a plain DataLoader over the dataset, which reads a batch ahead and never records
 # what workers delivered (docs/trainers.md; tests/test_trainers.py).
 setattr(StructuredDataLoader, ACCELERATE_PREPARED, True)
+
+
+def _handed_out(
+    batches: Iterator[Any], dataset: StructuredDataset, handouts: HandOuts
+) -> Iterator[Any]:
+    """``batches`` as handed to the training loop: each marked with where delivery stood
+    before it (``HandOuts``); closing this generator closes ``batches``."""
+    try:
+        while True:
+            mark = dataset._mark()
+            batch = next(batches, _NOTHING)
+            if batch is _NOTHING:
+                return
+            progress = dataset._progress
+            if progress is not mark.progress:  # the first batch: before it, the start
+                mark = replace(mark, progress=None)
+            yield handouts.hand_out(batch, mark, progress)
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
 
 
 _NOTHING = object()  # no batch of this worker yet
