@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import _harness
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
+from _data import write_token_documents
 
 from torch_dataloader_utils import TokenPacking
 from torch_dataloader_utils._handout import UnreadBatch
@@ -68,14 +67,7 @@ def _assert_exact(case: dict[str, Any], k: int) -> None:
 
 @pytest.fixture(scope="module")
 def tokens_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """150 documents of 0-30 tokens, token ``t`` of document ``d`` numbered ``d * 1000 + t``."""
-    root = tmp_path_factory.mktemp("tokens")
-    for part in range(3):
-        docs = range(part * 50, part * 50 + 50)
-        tokens = [list(range(d * 1000, d * 1000 + d % 31)) for d in docs]
-        table = pa.table({"tokens": pa.array(tokens, pa.list_(pa.int64()))})
-        pq.write_table(table, root / f"part-{part}.parquet", row_group_size=9)
-    return root
+    return write_token_documents(tmp_path_factory.mktemp("tokens"))
 
 
 @pytest.mark.parametrize("workers", WORKERS)

@@ -398,7 +398,11 @@ _NOT_OUR_LOADER = (
     "this StructuredDataset is being iterated by a DataLoader other than the StructuredDataLoader "
     "created for it, so its state_dict() would not be what the training loop consumed (rows "
     "lost or repeated on resume). Likely cause: a trainer rebuilt the loader from loader.dataset "
-    "(e.g. Accelerate's skip_first_batches or prepare_data_loader). Iterate the loader from "
+    "(e.g. Accelerate's skip_first_batches, which transformers.Trainer calls to resume "
+    "mid-epoch, or prepare_data_loader). With transformers.Trainer, train with "
+    "torch_dataloader_utils.integrations.hf.StructuredTrainer(model=..., args=..., "
+    "train_dataloader=loader) (or StructuredTrainerMixin for a Trainer subclass): it saves the "
+    "loader's state in each checkpoint and resumes from it. Elsewhere, iterate the loader from "
     "create_dataloader itself and resume with loader.load_state_dict(state) (docs/trainers.md)"
 )
 

@@ -12,7 +12,7 @@ import torch.utils.data
 from ._compat import ACCELERATE_PREPARED, accelerator_available, shutdown_workers
 from ._dataset import StructuredDataset
 from ._epoch import Progress
-from ._errors import LostBatchesError, UnsendableBatchError
+from ._errors import CheckpointMismatchError, LostBatchesError, UnsendableBatchError
 from ._handout import HandOuts
 from ._log import log
 from ._packets import WorkerFailure, slot_bytes
@@ -136,7 +136,12 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, elastic: bool = False
     ) -> None:
         """Continue from ``state`` at the next iteration (see ``StructuredDataset``)."""
-        self.dataset.load_state_dict(state, elastic=elastic)
+        try:
+            self.dataset.load_state_dict(state, elastic=elastic)
+        except CheckpointMismatchError as exc:
+            if exc.field == "rank":
+                exc.add_note(_ANOTHER_RANKS_STATE)
+            raise
 
     # Megatron-Energon's names for the same states, for users who call them on the loader.
 
@@ -207,6 +212,13 @@ def _handed_out(
 
 
 _NOTHING = object()  # no batch of this worker yet
+
+_ANOTHER_RANKS_STATE = (
+    "Likely cause: a trainer saved the checkpoint on process 0 only and gave its state to every "
+    "process (Lightning's Trainer and Fabric do). With Lightning's Trainer add "
+    "torch_dataloader_utils.integrations.lightning.LoaderStatesPerRank() to its callbacks; "
+    "elsewhere save one state per process (docs/trainers.md, docs/ddp.md)"
+)
 
 
 class _Arrivals:
