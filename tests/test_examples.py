@@ -108,13 +108,17 @@ def test_ddp_packed(tmp_path: Path) -> None:
 
 
 def test_hf_trainer(tmp_path: Path) -> None:
-    """StructuredTrainer: crash at step 6, train(resume_from_checkpoint=True), packed, 2 workers."""
-    line = summary(run_example("hf_trainer.py", tmp_path), "hf_trainer")
+    """StructuredTrainer: crash at step 6, train(resume_from_checkpoint=True), packed (workers:
+    tests/test_hf_trainer.py)."""
+    out = run_example("hf_trainer.py", tmp_path, args=["--num-workers", "0"])
+    line = summary(out, "hf_trainer")
     assert "resumed from checkpoint-4" in line and "every token once" in line
     assert (tmp_path / "hf-checkpoints" / "checkpoint-4" / "loader_state_0.json").is_file()
 
 
 def test_lightning_trainer(tmp_path: Path) -> None:
-    """Lightning's Trainer with nothing added: crash, fit(ckpt_path="last"), packed, 2 workers."""
-    line = summary(run_example("lightning_trainer.py", tmp_path), "lightning_trainer")
+    """Lightning's Trainer with nothing added: crash, fit(ckpt_path="last"), packed (workers:
+    tests/test_lightning_trainer.py)."""
+    out = run_example("lightning_trainer.py", tmp_path, args=["--num-workers", "0"])
+    line = summary(out, "lightning_trainer")
     assert "resumed from step 5" in line and "every token once" in line
