@@ -109,3 +109,13 @@ def _Loss() -> Any:
     import torch
 
     return torch.nn.Linear(1, 1)
+
+
+def test_the_trainers_default_resume_names_the_fix(parquet_dir: Path, small_split: int) -> None:
+    """What ``Trainer.train(resume_from_checkpoint=...)`` does to a loader returned by
+    ``get_train_dataloader`` (Accelerate's ``skip_first_batches``) raises, naming the fix."""
+    from accelerate.data_loader import skip_first_batches
+
+    loader = loader_of(rows_case(parquet_dir, small_split, 0))
+    with pytest.raises(RuntimeError, match=r"transformers.Trainer.*integrations\.hf\.Structured"):
+        next(iter(skip_first_batches(loader, 2)))

@@ -70,6 +70,15 @@ def test_lightning_resumes_exactly_in_one_process(
     train_and_resume(launch_job, [sys.executable, str(JOB)], cases, tmp_path)
     for case in cases:
         assert_exact(tmp_path, case)
+    # where _compat.LIGHTNING_LOADER_STATES says Lightning keeps the loader's state
+    import torch
+
+    from torch_dataloader_utils._compat import LIGHTNING_LOADER_STATES
+
+    found = torch.load(tmp_path / "packed-w0" / "ckpt" / "last.ckpt", weights_only=False)
+    for key in LIGHTNING_LOADER_STATES:
+        found = found[key]
+    assert isinstance(found, list) and found[0]["_packing"] == ["tokens", -1]
 
 
 @pytest.mark.ddp

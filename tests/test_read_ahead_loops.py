@@ -23,7 +23,7 @@ import torch
 from _data import write_token_documents
 
 from torch_dataloader_utils import TokenPacking
-from torch_dataloader_utils._handout import UnreadBatch
+from torch_dataloader_utils._handout import KEEP, UnreadBatch
 
 WORKERS = (0, 2)
 
@@ -155,3 +155,16 @@ def test_an_unread_batch_is_a_dict_and_any_read_counts(parquet_dir: Path) -> Non
         del it
     plain = pickle.loads(pickle.dumps(held))
     assert type(plain) is dict and plain.keys() == held.keys()
+
+
+def test_a_loop_holding_more_than_a_trainer_reads_ahead_is_warned(parquet_dir: Path) -> None:
+    """Positions are kept for ``KEEP`` batches held unread; beyond, the state counts them as
+    consumed and says so (no silent loss)."""
+    loader, dataset = _harness.make_loader({"path": str(parquet_dir), "batch_size": 5})
+    it = iter(loader)
+    _values(next(it))
+    held = [next(it) for _ in range(KEEP + 1)]
+    with pytest.warns(UserWarning, match=f"holds {KEEP + 1} batches unread"):
+        state = loader.state_dict()
+    assert state == dataset.state_dict() and len(held) == KEEP + 1
+    del it

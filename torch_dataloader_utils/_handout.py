@@ -23,7 +23,10 @@ from typing import Any
 
 from ._epoch import Progress, Start
 
-__all__ = ["HandOuts", "Mark", "UnreadBatch"]
+__all__ = ["KEEP", "HandOuts", "Mark", "UnreadBatch"]
+
+# Positions kept for batches held unread: a trainer reads ahead by a few batches, not more.
+KEEP = 64
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class HandOuts:
             self.read(self._handed)
             return batch
         self._marks[self._handed] = mark
+        self._marks.pop(self._handed - KEEP, None)  # held that far ahead: not a read-ahead
         return UnreadBatch.handed_out(batch, self, self._handed)
 
     def read(self, number: int) -> None:
@@ -66,12 +70,14 @@ class HandOuts:
             self._marks.pop(n, None)
         self._read = max(self._read, number)
 
-    def unread(self) -> tuple[int, Mark] | None:
+    def unread(self) -> tuple[int, Mark | None] | None:
         """How many batches the loop holds unread ahead of one it has read, and the mark
-        before the first of them; ``None`` if it holds none, or has read none (a loop that
-        collects batches unread, ``list(loader)``, has consumed what it collected)."""
-        mark = self._marks.get(self._read + 1) if self._read else None
-        return None if mark is None else (self._handed - self._read, mark)
+        before the first of them (``None``: more than ``KEEP`` ahead, no longer kept);
+        ``None`` if it holds none, or has read none (a loop that collects batches unread,
+        ``list(loader)``, has consumed what it collected)."""
+        if not self._read or self._handed == self._read:
+            return None
+        return self._handed - self._read, self._marks.get(self._read + 1)
 
 
 class UnreadBatch(dict[str, Any]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -13,7 +14,7 @@ from ._compat import ACCELERATE_PREPARED, accelerator_available, shutdown_worker
 from ._dataset import StructuredDataset
 from ._epoch import Progress
 from ._errors import CheckpointMismatchError, LostBatchesError, UnsendableBatchError
-from ._handout import HandOuts
+from ._handout import KEEP, HandOuts
 from ._log import log
 from ._packets import WorkerFailure, slot_bytes
 from ._stream import Position
@@ -124,6 +125,16 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         if handouts is None or unread is None or handouts.progress is not self.dataset._progress:
             return self.dataset.state_dict()
         count, mark = unread
+        if mark is None:
+            warnings.warn(
+                f"state_dict(): the training loop holds {count} batches unread after the last "
+                f"one it read, more than a trainer reads ahead ({KEEP}); they count as "
+                f"consumed, so a resume from this state skips them. Take the state after the "
+                f"step that used the last batch read (docs/trainers.md, 'Trainers that read "
+                f"ahead')",
+                stacklevel=3,
+            )
+            return self.dataset.state_dict()
         log.info(
             "state_dict(): %d batch(es) handed out and not read yet (a trainer reading ahead, "
             "e.g. Lightning's fetcher when the loader has no len()) are left out of the state; "
