@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,hf,lightning]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -37,7 +37,7 @@ lint: $(STAMP)
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,bench]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,hf,lightning,bench]"
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
@@ -52,7 +52,7 @@ bench: $(BENCH_STAMP)
 DOCS_STAMP := $(VENV)/.installed-docs
 
 $(DOCS_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,docs]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,hf,lightning,docs]"
 	touch $(DOCS_STAMP)
 
 # The site (mkdocs-material; API reference from docstrings by mkdocstrings) into site/.

@@ -23,6 +23,7 @@ __all__ = [
     "write_arrow",
     "write_dataset",
     "write_parquet",
+    "write_token_documents",
 ]
 
 SCHEMA = pa.schema(
@@ -112,3 +113,17 @@ def ids_of(batch: object) -> list[int]:
         return batch.column("id").to_pylist()
     assert isinstance(batch, dict), type(batch)
     return [int(i) for i in batch["id"].tolist()]
+
+
+def write_token_documents(root: str | os.PathLike[str], docs: int = 150, files: int = 3) -> Path:
+    """``docs`` documents of 0-30 tokens (``list<int64>`` column ``tokens``) in ``files``
+    Parquet files; token ``t`` of document ``d`` is ``d * 1000 + t``, so every token is unique."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    per_file = -(-docs // files)
+    for part in range(files):
+        numbers = range(part * per_file, min(docs, (part + 1) * per_file))
+        tokens = [list(range(d * 1000, d * 1000 + d % 31)) for d in numbers]
+        table = pa.table({"tokens": pa.array(tokens, pa.list_(pa.int64()))})
+        pq.write_table(table, root / f"part-{part}.parquet", row_group_size=9)
+    return root

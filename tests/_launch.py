@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -68,3 +69,28 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+TESTS = Path(__file__).parent
+
+
+def launch_job(
+    cmd: Sequence[str],
+    job: Mapping[str, object],
+    workdir: Path,
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, str]:
+    """Run ``cmd`` + a job file (``job`` as JSON, its ``dir`` the ``workdir``) with the tests'
+    helpers importable (``tests/``, ``tests/trainers/``); ``(return code, log)``."""
+    job_file = workdir / f"{job['phase']}-job.json"
+    job_file.write_text(json.dumps({**job, "dir": str(workdir)}))
+    return run_logged(
+        [*cmd, str(job_file)],
+        log_file=workdir / f"{job['phase']}.log",
+        cwd=workdir,
+        pythonpath=[str(TESTS), str(TESTS / "trainers")],
+        timeout=timeout,
+        env=env,
+    )

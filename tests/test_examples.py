@@ -105,3 +105,20 @@ def test_ddp_packed(tmp_path: Path) -> None:
     line = summary(run_example("ddp_packed.py", tmp_path, ranks=2), "ddp_packed")
     assert "saved at step 12, 4 lost; resumed identically" in line
     assert "the rest after the common stop delivered elastically" in line
+
+
+def test_hf_trainer(tmp_path: Path) -> None:
+    """StructuredTrainer: crash at step 6, train(resume_from_checkpoint=True), packed (workers:
+    tests/test_hf_trainer.py)."""
+    out = run_example("hf_trainer.py", tmp_path, args=["--num-workers", "0"])
+    line = summary(out, "hf_trainer")
+    assert "resumed from checkpoint-4" in line and "every token once" in line
+    assert (tmp_path / "hf-checkpoints" / "checkpoint-4" / "loader_state_0.json").is_file()
+
+
+def test_lightning_trainer(tmp_path: Path) -> None:
+    """Lightning's Trainer with nothing added: crash, fit(ckpt_path="last"), packed (workers:
+    tests/test_lightning_trainer.py)."""
+    out = run_example("lightning_trainer.py", tmp_path, args=["--num-workers", "0"])
+    line = summary(out, "lightning_trainer")
+    assert "resumed from step 5" in line and "every token once" in line

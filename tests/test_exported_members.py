@@ -44,3 +44,22 @@ def test_errors_inherit_from_builtins():
     for name in ("CheckpointMismatchError", "InvalidStateError", "SchemaMismatchError",
                  "DataSourceError", "UnsendableBatchError", "LostBatchesError"):  # fmt: skip
         assert issubclass(getattr(t, name), t.DataLoaderUtilsError)
+
+
+def test_integrations_export_their_names_and_the_core_imports_no_trainer():
+    """``integrations.hf`` / ``integrations.lightning`` (the ``[hf]`` / ``[lightning]``
+    extras) are public modules; ``import torch_dataloader_utils`` imports neither trainer."""
+    import subprocess
+    import sys
+
+    from torch_dataloader_utils.integrations import hf, lightning
+
+    assert hf.__all__ == ["LOADER_STATE_FILE", "StructuredTrainer", "StructuredTrainerMixin"]
+    assert lightning.__all__ == ["LoaderStatesPerRank"]
+    check = (
+        "import sys, torch_dataloader_utils; "
+        "print(sorted(m for m in ('transformers', 'lightning', 'pytorch_lightning') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

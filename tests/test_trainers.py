@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 from _harness import make_loader
-from _launch import free_port, run_logged
+from _launch import free_port, launch_job
 from _launch import torchrun as launch_torchrun
 from conftest import TOTAL_ROWS
 
@@ -54,16 +54,8 @@ def _require(module: str) -> None:
 
 def launch(cmd: list[str], job: dict[str, Any], workdir: Path) -> tuple[int, str]:
     """Run ``cmd`` + the job file; ``(return code, log)``. The whole tree dies on timeout."""
-    job_file = workdir / f"{job['phase']}-job.json"
-    job_file.write_text(json.dumps({**job, "dir": str(workdir)}))
-    return run_logged(
-        [*cmd, str(job_file)],
-        log_file=workdir / f"{job['phase']}.log",
-        cwd=workdir,
-        pythonpath=[str(TESTS)],
-        timeout=LAUNCH_TIMEOUT,
-        env={"HF_HOME": str(workdir / "hf_home")},  # no user's default accelerate config
-    )
+    env = {"HF_HOME": str(workdir / "hf_home")}  # no user's default accelerate config
+    return launch_job(cmd, job, workdir, timeout=LAUNCH_TIMEOUT, env=env)
 
 
 def accelerate_launch(nproc: int) -> list[str]:

@@ -1,8 +1,8 @@
 """Every private API of another library this package uses, in one place.
 
 Each is tested with the versions pinned in ``constraints.txt`` (torch 2.13.0, fsspec
-2026.9.0, accelerate 1.15.0); an upgrade that removes one breaks here, under its name, and
-``tests/test_compat.py`` says which.
+2026.9.0, accelerate 1.15.0, lightning 2.6.6); an upgrade that removes one breaks here, under
+its name, and ``tests/test_compat.py`` says which.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 
 __all__ = [
     "ACCELERATE_PREPARED",
+    "LIGHTNING_LOADER_STATES",
     "accelerator_available",
     "new_shared_storage",
     "shutdown_workers",
@@ -23,6 +24,10 @@ __all__ = [
 # Hugging Face Accelerate's `prepare` returns an object with this attribute set as it is (and
 # registers it) instead of rebuilding a DataLoader over its dataset (accelerate 1.15).
 ACCELERATE_PREPARED = "_is_accelerate_prepared"
+
+# Where a Lightning checkpoint keeps the training loaders' ``state_dict()`` of the process that
+# wrote it (lightning 2.6: ``_FitLoop.on_save_checkpoint``, ``_CheckpointConnector``).
+LIGHTNING_LOADER_STATES = ("loops", "fit_loop", "state_dict", "combined_loader")
 
 
 def storage_use_count(storage: torch.UntypedStorage) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
@@ -18,6 +18,7 @@ from ._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetC
 from ._convert import warm_up
 from ._epoch import Epochs, Progress, Start
 from ._formats import get_format
+from ._handout import Mark
 from ._index import DatasetIndex, build_index
 from ._log import log
 from ._reader import StreamReader
@@ -208,7 +209,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         """What the training loop has been handed in this epoch, by content (JSON-safe)."""
         if self._progress is not None:
             return self._epochs.encode(self._progress)
-        start = self._start
+        return self._start_state(self._start)
+
+    def _start_state(self, start: Start) -> dict[str, Any]:
         workers = self._known_workers()
         if start.checkpoint_workers is not None:
             workers = start.checkpoint_workers
@@ -313,6 +316,25 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         """About how many bytes a batch holds (to size our loader's shared memory)."""
         return self._epochs.config.batch_bytes(self._epochs.index.schema)
 
+    def _mark(self) -> Mark:
+        """Where delivery stands now (before our loader hands out its next batch)."""
+        progress = self._progress
+        if progress is None:
+            return Mark(progress=None, positions={}, cursor=0, start=self._start)
+        return Mark(
+            progress=progress,
+            positions=dict(progress.positions),
+            cursor=progress.cursor,
+            start=self._start,
+        )
+
+    def _state_at(self, mark: Mark) -> dict[str, Any]:
+        """The state dict as it was at ``mark``."""
+        if mark.progress is None:
+            return self._start_state(mark.start)
+        then = replace(mark.progress, positions=dict(mark.positions), cursor=mark.cursor, _cache={})
+        return self._epochs.encode(then)
+
     @property
     def _next_start(self) -> Start:
         """Where the next iteration starts (a frozen value)."""
@@ -376,7 +398,11 @@ _NOT_OUR_LOADER = (
     "this StructuredDataset is being iterated by a DataLoader other than the StructuredDataLoader "
     "created for it, so its state_dict() would not be what the training loop consumed (rows "
     "lost or repeated on resume). Likely cause: a trainer rebuilt the loader from loader.dataset "
-    "(e.g. Accelerate's skip_first_batches or prepare_data_loader). Iterate the loader from "
+    "(e.g. Accelerate's skip_first_batches, which transformers.Trainer calls to resume "
+    "mid-epoch, or prepare_data_loader). With transformers.Trainer, train with "
+    "torch_dataloader_utils.integrations.hf.StructuredTrainer(model=..., args=..., "
+    "train_dataloader=loader) (or StructuredTrainerMixin for a Trainer subclass): it saves the "
+    "loader's state in each checkpoint and resumes from it. Elsewhere, iterate the loader from "
     "create_dataloader itself and resume with loader.load_state_dict(state) (docs/trainers.md)"
 )
 

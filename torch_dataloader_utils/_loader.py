@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch.utils.data
@@ -11,7 +13,9 @@ import torch.utils.data
 from ._compat import ACCELERATE_PREPARED, accelerator_available, shutdown_workers
 from ._dataset import StructuredDataset
 from ._epoch import Progress
-from ._errors import LostBatchesError, UnsendableBatchError
+from ._errors import CheckpointMismatchError, LostBatchesError, UnsendableBatchError
+from ._handout import KEEP, HandOuts
+from ._log import log
 from ._packets import WorkerFailure, slot_bytes
 from ._stream import Position
 from ._transport import Packet, SharedSlots
@@ -47,12 +51,17 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
         dataset._attach_loader(self.num_workers)
         self._slots: SharedSlots | None = None
+        self._handouts: HandOuts | None = None  # the current iteration's
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        batches: Iterator[Any]
         if self.num_workers == 0:
             with self.dataset._iteration(0):  # the DataLoader calls iter(dataset) at once
-                return super().__iter__()
-        return self._unpacked()
+                batches = super().__iter__()
+        else:
+            batches = self._unpacked()
+        self._handouts = HandOuts()
+        return _handed_out(batches, self.dataset, self._handouts)
 
     def _unpacked(self) -> Iterator[Any]:
         """Batches in strict round-robin over workers from the cursor, whatever the packet sizes."""
@@ -105,23 +114,53 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         return len(self.dataset)
 
     def state_dict(self) -> dict[str, Any]:
-        """The dataset's state: what this loader has handed to the training loop."""
-        return self.dataset.state_dict()
+        """What the training loop has consumed: the batches this loader handed out, less any
+        dict batch handed out and not read yet (a trainer reading ahead holds it)."""
+        return self._consumed_state()
+
+    def _consumed_state(self) -> dict[str, Any]:
+        handouts = self._handouts
+        unread = handouts.unread() if handouts is not None else None
+        if handouts is None or unread is None or handouts.progress is not self.dataset._progress:
+            return self.dataset.state_dict()
+        count, mark = unread
+        if mark is None:
+            warnings.warn(
+                f"state_dict(): the training loop holds {count} batches unread after the last "
+                f"one it read, more than a trainer reads ahead ({KEEP}); they count as "
+                f"consumed, so a resume from this state skips them. Take the state after the "
+                f"step that used the last batch read (docs/trainers.md, 'Trainers that read "
+                f"ahead')",
+                stacklevel=3,
+            )
+            return self.dataset.state_dict()
+        log.info(
+            "state_dict(): %d batch(es) handed out and not read yet (a trainer reading ahead, "
+            "e.g. Lightning's fetcher when the loader has no len()) are left out of the state; "
+            "a resume delivers them",
+            count,
+        )
+        return self.dataset._state_at(mark)
 
     def load_state_dict(
         self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, elastic: bool = False
     ) -> None:
         """Continue from ``state`` at the next iteration (see ``StructuredDataset``)."""
-        self.dataset.load_state_dict(state, elastic=elastic)
+        try:
+            self.dataset.load_state_dict(state, elastic=elastic)
+        except CheckpointMismatchError as exc:
+            if exc.field == "rank":
+                exc.add_note(_ANOTHER_RANKS_STATE)
+            raise
 
     # Megatron-Energon's names for the same states, for users who call them on the loader.
 
     def save_state_rank(self) -> dict[str, Any]:
         """This rank's state, as Megatron-Energon's ``loader.save_state_rank()``.
 
-        The same as ``state_dict()``: what this loader has handed to the training loop.
+        The same as ``state_dict()``: what the training loop has consumed.
         """
-        return self.dataset.state_dict()
+        return self._consumed_state()
 
     def restore_state_rank(self, state: Mapping[str, Any]) -> None:
         """Continue from this rank's ``state``, as Megatron-Energon's ``restore_state_rank``.
@@ -161,7 +200,35 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
 setattr(StructuredDataLoader, ACCELERATE_PREPARED, True)
 
 
+def _handed_out(
+    batches: Iterator[Any], dataset: StructuredDataset, handouts: HandOuts
+) -> Iterator[Any]:
+    """``batches`` as handed to the training loop: each marked with where delivery stood
+    before it (``HandOuts``); closing this generator closes ``batches``."""
+    try:
+        while True:
+            mark = dataset._mark()
+            batch = next(batches, _NOTHING)
+            if batch is _NOTHING:
+                return
+            progress = dataset._progress
+            if progress is not mark.progress:  # the first batch: before it, the start
+                mark = replace(mark, progress=None)
+            yield handouts.hand_out(batch, mark, progress)
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
 _NOTHING = object()  # no batch of this worker yet
+
+_ANOTHER_RANKS_STATE = (
+    "Likely cause: a trainer saved the checkpoint on process 0 only and gave its state to every "
+    "process (Lightning's Trainer and Fabric do). With Lightning's Trainer add "
+    "torch_dataloader_utils.integrations.lightning.LoaderStatesPerRank() to its callbacks; "
+    "elsewhere save one state per process (docs/trainers.md, docs/ddp.md)"
+)
 
 
 class _Arrivals:

@@ -1,0 +1,124 @@
+"""What the trainer jobs of tests/test_hf_trainer.py and tests/test_lightning_trainer.py share.
+
+A *case* is JSON: ``create_dataloader`` keyword arguments, with ``packing`` as the keyword
+arguments of ``TokenPacking``. Every step of a job appends what it trained on (row ids, or a
+packed batch's real tokens) as one JSON line to ``<dir>/<case>/<phase>-rank<r>.jsonl``,
+flushed at once, so a SIGKILL loses nothing of the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _harness import make_loader
+
+from torch_dataloader_utils import StructuredDataLoader, TokenPacking
+
+
+def loader_of(kwargs: dict[str, Any]) -> StructuredDataLoader:
+    kwargs = dict(kwargs)
+    if kwargs.get("packing"):
+        kwargs["packing"] = TokenPacking(**kwargs["packing"])
+    loader, _ = make_loader(kwargs)
+    return loader
+
+
+def trained_values(batch: Any) -> list[int]:
+    """What a step trains on: row ids, or a packed batch's real tokens."""
+    if "id" in batch:
+        return [int(i) for i in batch["id"].tolist()]
+    return [int(t) for t in batch["input_ids"].flatten()[: int(batch["num_tokens"])].tolist()]
+
+
+def record(path: Path, values: list[int]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as log:
+        log.write(json.dumps(values) + "\n")
+
+
+def recorded(path: Path) -> list[list[int]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run_job(run_case: Callable[[dict[str, Any], dict[str, Any], int], None]) -> None:
+    """``run_case(job, case, rank)`` for every case of the job file ``sys.argv[1]``; then,
+    with ``kill``, process 0 dies by SIGKILL (no teardown; torchrun ends the others)."""
+    job = json.loads(Path(sys.argv[1]).read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    for case in job["cases"]:
+        run_case(job, case, rank)
+    if job.get("kill"):
+        if rank == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+
+
+# ----------------------------------------------------------------------------- the tests' side
+
+
+def train_and_resume(
+    launch: Callable[..., tuple[int, str]],
+    cmd: list[str],
+    cases: list[dict[str, Any]],
+    workdir: Path,
+) -> None:
+    """The job's ``train`` phase (killed at its end), then its ``resume`` phase, which must
+    succeed; ``launch`` is ``_launch.launch_job``."""
+    job = {"phase": "train", "cases": cases, "kill": True}
+    code, log = launch(cmd, job, workdir, timeout=300)
+    assert code != 0, f"the job was to be killed, but it succeeded:\n{log[-3000:]}"
+    code, log = launch(cmd, {"phase": "resume", "cases": cases}, workdir, timeout=300)
+    assert code == 0, f"resume failed ({code}):\n{log[-4000:]}"
+
+
+def packed_case(tokens_dir: Path, workers: int) -> dict[str, Any]:
+    """Shuffled, packed 16-token sequences, 4 a batch."""
+    return {
+        "path": str(tokens_dir), "batch_size": 4, "split_bytes": 2_000, "shuffle": True,
+        "num_workers": workers, "packing": {"column": "tokens", "seq_len": 16, "separator": -1},
+    }  # fmt: skip
+
+
+def rows_case(parquet_dir: Path, split_bytes: int, workers: int) -> dict[str, Any]:
+    """Shuffled rows, 24 a batch."""
+    return {
+        "path": str(parquet_dir), "batch_size": 24, "split_bytes": split_bytes, "shuffle": True,
+        "shuffle_seed": 9, "num_workers": workers, "columns": ["id", "x"],
+    }  # fmt: skip
+
+
+def uninterrupted(
+    kwargs: dict[str, Any], rank: int = 0, world_size: int = 1, epochs: int = 1
+) -> list[list[int]]:
+    """What every batch of ``epochs`` uninterrupted epochs holds (in-process)."""
+    loader = loader_of({**kwargs, "rank": rank, "world_size": world_size})
+    batches = []
+    for epoch in range(epochs):
+        loader.dataset.set_epoch(epoch)
+        batches += [trained_values(b) for b in loader]
+    return batches
+
+
+def assert_continues(
+    out: Path, full: list[list[int]], *, saved: int, crashed: int, rank: int = 0
+) -> None:
+    """Trained up to the checkpoint (``saved`` batches) + trained after the resume == ``full``:
+    0 lost, 0 repeated, the same batches in the same order. ``crashed``: batches trained
+    before the crash (those after the checkpoint are lost with it)."""
+    train = recorded(out / f"train-rank{rank}.jsonl")
+    resumed = recorded(out / f"resume-rank{rank}.jsonl")
+    assert len(train) == crashed > saved, (out.name, rank, len(train), crashed, saved)
+    assert train == full[:crashed]
+    assert resumed == full[saved:], (out.name, rank, len(resumed), len(full) - saved)
+    counts = Counter(v for batch in train[:saved] + resumed for v in batch)
+    assert counts == Counter(v for batch in full for v in batch)  # 0 lost, 0 repeated

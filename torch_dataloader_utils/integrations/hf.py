@@ -1,0 +1,147 @@
+"""Hugging Face ``transformers.Trainer`` on a ``StructuredDataLoader``, resuming exactly.
+
+``transformers.Trainer`` builds its own DataLoader from ``train_dataset`` and, when resuming
+mid-epoch, skips the trained batches by rebuilding it with Accelerate's
+``skip_first_batches`` (which reads and discards them; our dataset refuses it). This module
+gives the Trainer the loader itself, saves the loader's state in every checkpoint directory
+(one file per process), and loads it on ``train(resume_from_checkpoint=...)``, so the loader
+starts where the checkpoint left off and nothing is skipped by reading:
+
+    trainer = StructuredTrainer(model=model, args=args, train_dataloader=loader)
+    trainer.train(resume_from_checkpoint=True)  # or a checkpoint directory
+
+A Trainer subclass of your own (e.g. ``trl``'s) takes the mixin first:
+``class MyTrainer(StructuredTrainerMixin, SFTTrainer)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, get_last_checkpoint
+
+from .._loader import StructuredDataLoader
+
+__all__ = ["LOADER_STATE_FILE", "StructuredTrainer", "StructuredTrainerMixin"]
+
+# The loader's state of process ``{process}`` in a checkpoint directory.
+LOADER_STATE_FILE = "loader_state_{process}.json"
+
+if TYPE_CHECKING:  # the mixin is type-checked as the Trainer it is mixed into
+    _Base = Trainer
+else:
+    _Base = object
+
+
+class StructuredTrainerMixin(_Base):
+    """Train a ``transformers.Trainer`` (subclass) on ``train_dataloader``, resuming exactly.
+
+    Takes the Trainer's arguments plus ``train_dataloader`` (the loader of
+    ``StructuredDataset.create_dataloader``; ``train_dataset`` is not used). Every checkpoint
+    directory gets ``loader_state_<process>.json``; ``train(resume_from_checkpoint=path or
+    True)`` loads it before training, and the Trainer's own fast-forward is off
+    (``args.ignore_data_skip = True``): the loader starts at the checkpoint by itself. Each
+    epoch after the first starts the loader's next epoch (``set_epoch``).
+
+    The ``TrainingArguments`` ``dataloader_*`` settings do not apply: pass ``num_workers``,
+    ``pin_memory``, ... to ``create_dataloader``.
+    """
+
+    def __init__(self, *args: Any, train_dataloader: StructuredDataLoader, **kwargs: Any) -> None:
+        if not isinstance(train_dataloader, StructuredDataLoader):
+            raise TypeError(
+                f"train_dataloader must be the StructuredDataLoader of "
+                f"StructuredDataset.create_dataloader, got {type(train_dataloader).__name__}"
+            )
+        super().__init__(*args, **kwargs)
+        self.structured_loader = train_dataloader
+        self.args.ignore_data_skip = True  # the loader resumes from its state, not by skipping
+        self.add_callback(_LoaderCheckpoints(train_dataloader))
+
+    def get_train_dataloader(self) -> Any:
+        """The loader itself: not rebuilt, not prepared by Accelerate (it shards by rank)."""
+        return self.structured_loader
+
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+    ) -> TrainOutput:
+        """``Trainer.train``, the loader first restored from the checkpoint's state."""
+        checkpoint = _checkpoint_dir(resume_from_checkpoint, str(self.args.output_dir))
+        if checkpoint is not None:
+            state = _read_state(Path(checkpoint), self.args.process_index)
+            self.structured_loader.load_state_dict(state)
+            resume_from_checkpoint = checkpoint
+        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+
+
+class StructuredTrainer(StructuredTrainerMixin, Trainer):
+    """``transformers.Trainer`` with ``StructuredTrainerMixin``:
+    ``StructuredTrainer(model=..., args=..., train_dataloader=loader)``."""
+
+
+class _LoaderCheckpoints(TrainerCallback):
+    """Writes the loader's state into each checkpoint directory; moves it to the next epoch."""
+
+    def __init__(self, loader: StructuredDataLoader) -> None:
+        self.loader = loader
+        self._epochs_begun = 0
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
+    ) -> None:
+        self._epochs_begun = 0
+
+    def on_epoch_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
+    ) -> None:
+        dataset = self.loader.dataset
+        self._epochs_begun += 1
+        if self._epochs_begun > 1:
+            dataset.set_epoch(dataset.epoch + 1)
+        elif int(state.epoch or 0) > dataset.epoch:  # resumed at the end of an epoch
+            dataset.set_epoch(int(state.epoch or 0))
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
+    ) -> None:
+        directory = Path(str(args.output_dir), f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / LOADER_STATE_FILE.format(process=args.process_index)
+        partial = path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(self.loader.state_dict()))
+        os.replace(partial, path)
+
+
+def _checkpoint_dir(resume_from_checkpoint: str | bool | None, output_dir: str) -> str | None:
+    """The checkpoint directory ``Trainer.train`` will resume from (``True``: the latest in
+    ``output_dir``, as the Trainer picks it); ``None`` when not resuming or none is there
+    (the Trainer then says so itself)."""
+    if resume_from_checkpoint is True:
+        if not os.path.isdir(output_dir):
+            return None
+        last: str | None = get_last_checkpoint(output_dir)  # type: ignore[no-untyped-call]
+        return last
+    if not resume_from_checkpoint:
+        return None
+    return str(resume_from_checkpoint)
+
+
+def _read_state(checkpoint: Path, process: int) -> dict[str, Any]:
+    path = checkpoint / LOADER_STATE_FILE.format(process=process)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: checkpoint {checkpoint} holds no loader state for process "
+            f"{process}, so the loader cannot continue where it stopped. It was saved without "
+            f"StructuredTrainer (or by fewer processes). Resume from a checkpoint that "
+            f"StructuredTrainer wrote, or start the epoch afresh with "
+            f"train(resume_from_checkpoint=None)"
+        )
+    state: dict[str, Any] = json.loads(path.read_text())
+    return state
