@@ -332,7 +332,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         """The state dict as it was at ``mark``."""
         if mark.progress is None:
             return self._start_state(mark.start)
-        then = replace(mark.progress, positions=dict(mark.positions), cursor=mark.cursor, _cache={})
+        then = replace(
+            mark.progress, positions=dict(mark.positions), cursor=mark.cursor, _entries={}
+        )
         return self._epochs.encode(then)
 
     @property
