@@ -19,7 +19,8 @@ from _data import rows_table, write_dataset
 from _s3server import FAKE_KEY, FAKE_SECRET, S3Env, s3_fixture, s3_server_fixture  # noqa: F401
 
 from torch_dataloader_utils import CheckpointMismatchError, DataSourceError, StructuredDataset
-from torch_dataloader_utils._storage import Storage, secret_values
+from torch_dataloader_utils._secrets import Redactor, secret_values
+from torch_dataloader_utils._storage import Storage
 
 pytestmark = pytest.mark.s3
 
@@ -131,7 +132,7 @@ def test_storage_redacts_secrets_from_its_messages():
     }
     assert set(secret_values(options)) == {"AKIAXYZXYZ", "s3cr3t-value", "tok-123"}
     storage = Storage("memory://x", {})
-    storage._secrets = secret_values(options)
+    storage.redact = Redactor(secret_values(options))
     message = storage.redact("denied for AKIAXYZXYZ with s3cr3t-value/tok-123 in us-east-1")
     assert message == "denied for *** with ***/*** in us-east-1"
 

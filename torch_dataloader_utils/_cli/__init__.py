@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._errors import CheckpointMismatchError, DataLoaderUtilsError
-from .._storage import secret_values
+from .._secrets import Redactor, secret_values, url_secrets
 from ._args import storage_options
 from ._inspect import add_inspect, inspect
 from ._output import EXIT_BAD_INPUT, EXIT_MISMATCH, PROG
@@ -44,6 +44,7 @@ _COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Command]] 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     args = _parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
     _configure_logging(args.verbose)
     try:
         args.storage_options = storage_options(args.storage_option)
@@ -53,9 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"MISMATCH: {exc}")
         return EXIT_MISMATCH
     except (DataLoaderUtilsError, OSError, ValueError, TypeError) as exc:
-        message = str(exc)
-        for secret in secret_values(getattr(args, "storage_options", {})):
-            message = message.replace(secret, "***")
+        options = getattr(args, "storage_options", None) or {}
+        redact = Redactor(secret_values(options) + tuple(s for w in words for s in url_secrets(w)))
+        message = " ".join(redact(str(exc)).split())  # one line
         print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
