@@ -19,7 +19,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["cause", "chain", "credentials", "endpoint", "http_status"]
+__all__ = ["cause", "chain", "credentials", "endpoint", "http_status", "without_sdk_retries"]
 
 # Filesystem attributes that hold a credential (adlfs; gcsfs keeps its token in `credentials`).
 _CREDENTIAL_ATTRS = ("account_key", "sas_token", "connection_string", "client_secret", "token")
@@ -27,6 +27,19 @@ _STATUS_WORDS = {401: "not authenticated (401)", 403: "access denied (403)", 404
 # Messages of SDKs that carry no status attribute (gcsfs raises OSError("Forbidden: ...")).
 _STATUS_PREFIXES = {"forbidden": 403, "unauthorized": 401}
 _LONGEST_CAUSE = 300
+# Where credential providers raise from: their failures name the credentials, not the store.
+_AUTH_MODULES = ("google.auth", "google.oauth2", "azure.identity")
+
+
+def without_sdk_retries(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for a filesystem of ``protocol`` whose SDK makes no retries of its own where
+    the user set none: botocore ``max_attempts: 1`` (s3fs's, gcsfs's and the Azure SDK's are
+    switched off on the filesystem: ``_compat.no_sdk_retries``)."""
+    if protocol not in ("s3", "s3a"):
+        return options
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+    return {**options, "config_kwargs": config}
 
 
 def endpoint(fs: Any) -> str:
@@ -56,6 +69,8 @@ def credentials(fs: Any) -> tuple[str, ...]:
 def cause(exc: BaseException) -> str:
     """What went wrong, in a few words and one line, from ``exc`` and what it was raised from."""
     links = list(chain(exc))
+    if type(exc).__module__.startswith(_AUTH_MODULES):
+        return f"cannot get credentials: {_first_line(exc)}"
     status = next((s for s in map(http_status, links) if s is not None), None)
     if status is not None:
         return f"{_STATUS_WORDS.get(status, f'HTTP {status}')}: {_first_line(exc)}"

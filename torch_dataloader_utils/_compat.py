@@ -61,9 +61,12 @@ def no_sdk_retries(fs: Any) -> None:
     gcsfs retries each request 6 times (~35 s of sleeps) in a decorator fixed when its class is
     defined: the instance gets the undecorated request method. The Azure SDK retries in its
     pipeline (``ExponentialRetry``, 15 s and more per wait): its policy object, shared by every
-    client the service client makes, is told to make no retry. Other filesystems are left as
-    they are.
+    client the service client makes, is told to make no retry. s3fs retries some errors 5
+    times (its class attribute ``retries``): the instance gets 1. Other filesystems are left
+    as they are.
     """
+    if type(fs).__module__.startswith("s3fs"):
+        fs.retries = 1
     unwrapped = getattr(getattr(type(fs), "_request", None), "__wrapped__", None)
     if type(fs).__module__.startswith("gcsfs") and unwrapped is not None:
         fs._request = unwrapped.__get__(fs)

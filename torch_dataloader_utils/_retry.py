@@ -154,6 +154,9 @@ def policy_from_env() -> RetryPolicy:
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it was raised from) is worth retrying."""
     for link in chain(exc):
+        if isinstance(link, socket.gaierror) and link.errno == socket.EAI_NONAME:
+            return False  # a host name that does not exist (botocore calls it a connect error)
+    for link in chain(exc):
         if _transient_here(link):
             return True
         if isinstance(link, _PERMANENT_TYPES):

@@ -30,7 +30,7 @@ import fsspec
 import pyarrow as pa
 from fsspec.implementations.local import LocalFileSystem
 
-from ._backends import cause, credentials, endpoint
+from ._backends import cause, credentials, endpoint, without_sdk_retries
 from ._compat import no_sdk_retries, strip_protocol
 from ._errors import DataSourceError
 from ._log import log, some_names
@@ -90,6 +90,9 @@ class Storage:
 
     def _build(self, url: str, options: dict[str, Any]) -> Any:
         """The filesystem for ``url``; any failure named with the URL, credentials scrubbed."""
+        protocol = fsspec.utils.get_protocol(url)
+        if protocol != "file":  # our own instance: its SDK retries are switched off below
+            options = {"skip_instance_cache": True, **without_sdk_retries(protocol, options)}
         try:
             fs, _ = fsspec.core.url_to_fs(url, **options)
         except (ValueError, TypeError) as exc:
