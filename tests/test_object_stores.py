@@ -235,3 +235,30 @@ def test_storage_redacts_secrets_from_its_messages():
     storage.redact = Redactor(secret_values(options))
     message = storage.redact("denied for AKIAXYZXYZ with s3cr3t-value/tok-123 in us-east-1")
     assert message == "denied for *** with ***/*** in us-east-1"
+
+
+@pytest.mark.gcs
+@pytest.mark.azure
+def test_index_cache_namespaces_name_the_endpoint_and_account(monkeypatch: pytest.MonkeyPatch):
+    pytest.importorskip("gcsfs")
+    pytest.importorskip("adlfs")
+
+    def azure(account: str, endpoint: str) -> dict[str, Any]:
+        blob = f"BlobEndpoint={endpoint}/{account};AccountName={account};AccountKey=a2V5"
+        return {"connection_string": blob}
+
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    google = Storage("gs://b/x", {"token": "anon"}).namespace
+    emulator = Storage("gs://b/x", gcs_options("http://127.0.0.1:4443")).namespace
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:4444")
+    by_env = Storage("gs://b/x", {"token": "anon"}).namespace
+    first = Storage("abfs://c/x", azure("acct1", "http://127.0.0.1:10000")).namespace
+    second = Storage("abfs://c/x", azure("acct2", "http://127.0.0.1:10000")).namespace
+    real = Storage("abfs://c/x", {"account_name": "acct1", "account_key": "a2V5"}).namespace
+    assert google == "gs at=https://storage.googleapis.com"
+    assert emulator.startswith("gs at=http://127.0.0.1:4443")
+    assert by_env == "gs at=http://127.0.0.1:4444"
+    assert first == "abfs at=http://127.0.0.1:10000/acct1/"
+    assert second == "abfs at=http://127.0.0.1:10000/acct2/"
+    assert real.startswith("abfs at=https://acct1.blob.core.windows.net/")
+    assert "a2V5" not in first + second + real  # no secret in a cache key
