@@ -175,7 +175,8 @@ def test_an_answer_of_401_403_or_5xx_is_a_data_source_error(
     url = _URLS[backend]
     error, seconds, trace = _fail(url, _secret_options(backend, answering.endpoint))
     message = str(error)
-    assert f"cannot list {url} at {answering.endpoint}" in message, message
+    at = answering.endpoint + (f"/{AZURITE_ACCOUNT}/" if backend == "azure" else "")
+    assert f"cannot list {url} at {at} " in message, message
     assert words in message and "\n" not in message
     assert seconds < BOUND_SECONDS
     ours = [r.getMessage() for r in caplog.records if r.name == "torch_dataloader_utils"]

@@ -44,9 +44,9 @@ def without_sdk_retries(protocol: str, options: dict[str, Any]) -> dict[str, Any
 
 def endpoint(fs: Any) -> str:
     """The URL of the service ``fs`` sends requests to, ``""`` when it has none."""
-    client = getattr(fs, "service_client", None)  # Azure: the account URL
+    client = getattr(fs, "service_client", None)  # Azure: the account URL (less a SAS query)
     if client is not None:
-        return str(getattr(client, "url", "") or "")
+        return str(getattr(client, "url", "") or "").partition("?")[0]
     base = getattr(fs, "base", None)  # GCS: "<location>/storage/v1/"
     if isinstance(base, str) and base.endswith("/storage/v1/"):
         return base[: -len("/storage/v1/")]

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ._backends import chain, http_status
+from ._backends import cause, chain, http_status
 from ._log import log
 
 __all__ = [
@@ -207,7 +207,7 @@ def retry_call(
             log.warning(
                 "%s",
                 redact(
-                    f"{what} failed ({type(exc).__name__}: {exc}); "
+                    f"{what} failed ({cause(exc)}); "
                     f"attempt {failures + 1} of {policy.attempts} in {delay:.2f} s"
                 ),
             )

@@ -203,18 +203,18 @@ class Storage:
     def _list_item(self, item: str, extensions: tuple[str, ...]) -> list[FileEntry]:
         root = strip_protocol(self.fs, item)
         if self.is_local and os.path.isdir(root):
-            entries = _by_extension(_walk_local(root), extensions, item, root)
-            return _some(entries, item)
+            return _some(_by_extension(_walk_local(root), extensions, item, root), item)
+        if _GLOB_CHARS & set(item) and self._info(root) is None:  # an existing path is literal
+            return _some(self._glob(root), item)
+        found = self._find(root)  # one listing for a directory: no HEAD request
+        if found:
+            return _some(_by_extension(found, extensions, item, root), item)
         info = self._info(root)
-        if _GLOB_CHARS & set(item) and info is None:  # an existing path is literal
-            entries = self._glob(root)
-        elif info is None:
+        if info is None:
             raise FileNotFoundError(f"no such file, directory or prefix: {item}")
-        elif info.get("type") == "directory":
-            entries = _by_extension(self._find(root), extensions, item, root)
-        else:
-            entries = [_entry(root, info)]
-        return _some(entries, item)
+        if info.get("type") == "directory":
+            return _some([], item)
+        return [_entry(root, info)]
 
     def _info(self, root: str) -> dict[str, Any] | None:
         """What ``root`` is (fsspec ``info``); ``None`` only when the store answered that
@@ -235,9 +235,13 @@ class Storage:
         ]
 
     def _find(self, root: str) -> list[FileEntry]:
+        """The files below ``root``, hidden names skipped; none when ``root`` is a file (fsspec
+        finds a file as itself, without its details) or nothing. fsspec's generic ``find``
+        omits a directory it cannot list: ``_info`` then raises the error."""
         found = self.fs.find(root, detail=True)
         prefix = len(root.rstrip("/")) + 1
-        return [_entry(p, found[p]) for p in sorted(found) if not _hidden(p[prefix:])]
+        below = (p for p in sorted(found) if len(p) > prefix and not _hidden(p[prefix:]))
+        return [_entry(p, found[p]) for p in below]
 
 
 def _some(entries: list[FileEntry], item: str) -> list[FileEntry]:

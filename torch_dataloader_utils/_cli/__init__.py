@@ -44,8 +44,8 @@ _COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Command]] 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     args = _parser().parse_args(argv)
-    words = sys.argv[1:] if argv is None else list(argv)
-    _configure_logging(args.verbose)
+    redact = _redactor(sys.argv[1:] if argv is None else argv)
+    _configure_logging(args.verbose, redact)
     try:
         args.storage_options = storage_options(args.storage_option)
         run: Command = args.run
@@ -54,8 +54,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"MISMATCH: {exc}")
         return EXIT_MISMATCH
     except (DataLoaderUtilsError, OSError, ValueError, TypeError) as exc:
-        options = getattr(args, "storage_options", None) or {}
-        redact = Redactor(secret_values(options) + tuple(s for w in words for s in url_secrets(w)))
         message = " ".join(redact(str(exc)).split())  # one line
         print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -92,8 +90,35 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(verbose: int) -> None:
-    logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+def _redactor(words: Sequence[str]) -> Redactor:
+    """Scrubs the credentials among the command's words: ``--storage-option`` values of
+    credential-like keys (and their parts) and the credentials in URLs."""
+    found = [s for w in words for s in url_secrets(w)]
+    found += [s for w in words if "=" in w for s in secret_values(dict([w.split("=", 1)]))]
+    return Redactor(tuple(found))
+
+
+class _OursScrubbed(logging.Filter):
+    """Lets through the library's records and Python warnings (an SDK's own log lines only at
+    ``-vv``), credentials scrubbed."""
+
+    def __init__(self, redact: Redactor, everything: bool) -> None:
+        super().__init__()
+        self._redact, self._everything = redact, everything
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ours = record.name.startswith(("torch_dataloader_utils", "py.warnings"))
+        record.msg, record.args = self._redact(record.getMessage()), ()
+        return ours or self._everything
+
+
+def _configure_logging(verbose: int, redact: Redactor) -> None:
+    root = logging.getLogger()
+    if not root.handlers:  # as logging.basicConfig, with the filter on its handler alone
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.addFilter(_OursScrubbed(redact, everything=verbose >= 2))
+        root.addHandler(handler)
     logging.captureWarnings(True)
     if verbose:
         level = logging.INFO if verbose == 1 else logging.DEBUG
