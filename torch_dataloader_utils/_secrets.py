@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
+from urllib.parse import quote, quote_plus, unquote, urlsplit
 
 __all__ = ["Redactor", "secret_values", "url_secrets"]
 
@@ -54,9 +54,8 @@ def secret_values(options: Mapping[str, Any]) -> tuple[str, ...]:
 def url_secrets(url: str) -> tuple[str, ...]:
     """The password and the credential-like query values of ``url``."""
     parts = urlsplit(url)
-    found = {parts.password or ""}
-    found.update(v for k, v in parse_qsl(parts.query) if _is_secret_key(k))
-    return _longest_first(found)
+    password = parts.password or ""
+    return _longest_first({password, unquote(password), *_query_secrets(parts.query)})
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,18 @@ def _with_parts(value: str) -> set[str]:
         name, _, secret = part.partition("=")
         if name.strip().lower() in _CONNECTION_SECRETS:
             found.add(secret.strip())
-            found.update(v for _, v in parse_qsl(secret.strip()))
+            found.update(_query_secrets(secret.strip()))
+    return found
+
+
+def _query_secrets(query: str) -> set[str]:
+    """The values of credential-like keys of a URL query (a SAS ``sig``), as written and
+    decoded (``+`` stays ``+``: in a SAS it is base64, not a space)."""
+    found: set[str] = set()
+    for pair in query.split("&"):
+        key, _, value = pair.partition("=")
+        if _is_secret_key(unquote(key)):
+            found.update({value, unquote(value)})
     return found
 
 
