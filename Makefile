@@ -6,21 +6,27 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Azurite (the Azure Storage emulator the tests start on 127.0.0.1) from npm, in the work tree.
+AZURITE_VERSION := 3.37.0
+AZURITE := .tools/azurite/node_modules/.bin/azurite-blob
 
 .PHONY: install demo test soak lint bench docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,hf,lightning]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,gcs,azure,hf,lightning]"
 	touch $(STAMP)
 
-install: $(STAMP)
+$(AZURITE):
+	npm install --no-audit --no-fund --silent --prefix .tools/azurite azurite@$(AZURITE_VERSION)
+
+install: $(STAMP) $(AZURITE)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
 # The coverage floor only rises (97 % measured when it was set).
-test: $(STAMP)
+test: $(STAMP) $(AZURITE)
 	$(PY) -m pytest --cov --cov-fail-under=95
 
 # Crash soak: 100 SIGKILLs of a 2-worker training subprocess (whole group, mid-checkpoint, one
@@ -61,4 +67,4 @@ docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) demo_output bench_output site .pytest_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) .tools demo_output bench_output site .pytest_cache .mypy_cache .hypothesis

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fsspec
+import pytest
 import torch
 
 from torch_dataloader_utils import StructuredDataLoader
@@ -10,6 +11,7 @@ from torch_dataloader_utils._compat import (
     ACCELERATE_PREPARED,
     accelerator_available,
     new_shared_storage,
+    no_sdk_retries,
     shutdown_workers,
     storage_use_count,
     strip_protocol,
@@ -40,3 +42,28 @@ def test_strip_protocol_and_accelerator():
 def test_our_loader_carries_accelerate_prepared_flag():
     # that `prepare` then returns it as it is: tests/test_trainers.py, under accelerate launch
     assert getattr(StructuredDataLoader, ACCELERATE_PREPARED) is True
+
+
+def test_no_sdk_retries_switches_off_the_retries_of_s3fs_gcsfs_and_azure():
+    import os
+
+    pytest.importorskip("gcsfs")
+    pytest.importorskip("adlfs")
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    import adlfs
+    import gcsfs
+    import s3fs
+
+    s3 = s3fs.S3FileSystem(key="k", secret="s", skip_instance_cache=True)
+    gcs = gcsfs.GCSFileSystem(
+        token="anon", endpoint_url="http://127.0.0.1:9", skip_instance_cache=True
+    )
+    azure = adlfs.AzureBlobFileSystem(
+        connection_string="BlobEndpoint=http://127.0.0.1:9/a;SharedAccessSignature=sv=1&sig=x",
+        skip_instance_cache=True,
+    )
+    for fs in (s3, gcs, azure):
+        no_sdk_retries(fs)
+    assert s3.retries == 1
+    assert gcs._request.__func__ is type(gcs)._request.__wrapped__  # the undecorated request
+    assert azure.service_client._config.retry_policy.total_retries == 0

@@ -21,14 +21,16 @@ import bisect
 import io
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ._backends import cause, chain
 from ._errors import DataSourceError
-from ._retry import DEFAULT_RETRY, RetryPolicy, is_transient, retry_call
+from ._retry import DEFAULT_RETRY, RetryPolicy, retry_call, tries
 
 __all__ = [
     "AHEAD_BYTES",
@@ -40,6 +42,7 @@ __all__ = [
     "RemoteFile",
     "RemoteObject",
     "plan_groups",
+    "storage_error",
 ]
 
 WINDOW = 32 * 2**20
@@ -78,25 +81,27 @@ class RemoteObject:
                 )
             return data
 
+        began = time.monotonic()
+        what = f"reading {self.name} bytes [{start}, {stop})"
         try:
-            return retry_call(
-                attempt, self._retry, what=f"reading {self.name} bytes [{start}, {stop})"
-            )
+            return retry_call(attempt, self._retry, what=what, redact=self._redact)
         except Exception as exc:
-            error = self._failure(start, stop, exc)
-            raise error from error.__cause__
+            how = tries(exc, self._retry, time.monotonic() - began)
+            text = f"cannot read {self.name} bytes [{start}, {stop}) {how}: {cause(exc)}"
+            raise storage_error(text, exc, self._redact)  # noqa: B904 (cause set inside)
 
-    def _failure(self, start: int, stop: int, exc: Exception) -> DataSourceError:
-        """The error for a range that could not be read, credentials scrubbed, cause kept."""
-        tries = (
-            f"after {self._retry.attempts} attempts (set TDU_RETRY_ATTEMPTS to retry longer)"
-            if is_transient(exc)
-            else "(not retried: the error is not transient)"
-        )
-        text = f"cannot read {self.name} bytes [{start}, {stop}) {tries}: {exc}"
-        error = DataSourceError(self._redact(text))
-        error.__cause__ = exc if self._redact(text) == text else None
-        return error
+
+def storage_error(text: str, exc: BaseException, redact: Callable[[str], str]) -> DataSourceError:
+    """``DataSourceError(text)``, credentials scrubbed, with ``exc`` as its cause unless a
+    credential is in the text of ``exc`` or of an exception it was raised from."""
+    error = DataSourceError(redact(text))
+    error.__cause__ = None if _holds_secret(exc, redact) else exc
+    error.__suppress_context__ = True
+    return error
+
+
+def _holds_secret(exc: BaseException, redact: Callable[[str], str]) -> bool:
+    return any(redact(str(link)) != str(link) for link in chain(exc))
 
 
 @dataclass(frozen=True)

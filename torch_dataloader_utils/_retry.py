@@ -1,10 +1,17 @@
 """Retrying transient object-storage failures with bounded exponential backoff and full jitter.
 
-Transient: HTTP 5xx, throttling (``SlowDown``, ``Throttling``, 429), connection resets, broken
-pipes, timeouts and truncated bodies. Everything else (missing object, access denied, a bad
-range) fails at once. The policy is a frozen value passed around, never a global; its defaults
-can be changed per process with ``TDU_RETRY_ATTEMPTS``, ``TDU_RETRY_BASE_DELAY`` and
-``TDU_RETRY_MAX_DELAY`` (read when a dataset is built).
+Transient: HTTP 5xx, throttling (``SlowDown``, ``Throttling``, 429), refused and reset
+connections, broken pipes, timeouts and truncated bodies, as botocore, aiohttp, gcsfs,
+google-auth and azure-core raise them. Everything else (missing object, 401/403, a host name
+that does not resolve, a bad range) fails at once. This is the only layer that retries: the
+SDKs' own retries are switched off (``_compat.no_sdk_retries``).
+
+Time bound: ``attempts`` tries, and no new try once ``deadline`` seconds have passed since the
+first, so one call gives up after at most ``deadline`` plus one try's own timeout (the SDK's
+connect/read timeouts). The policy is a frozen value passed around, never a global; its defaults
+(6 attempts, 0.1 s doubling to 5 s, 120 s) can be changed per process with
+``TDU_RETRY_ATTEMPTS``, ``TDU_RETRY_BASE_DELAY``, ``TDU_RETRY_MAX_DELAY`` and
+``TDU_RETRY_DEADLINE`` (read when a dataset is built).
 """
 
 from __future__ import annotations
@@ -18,9 +25,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ._backends import cause, chain, http_status
 from ._log import log
 
-__all__ = ["DEFAULT_RETRY", "RetryPolicy", "is_transient", "policy_from_env", "retry_call"]
+__all__ = [
+    "DEFAULT_RETRY",
+    "RetryPolicy",
+    "is_transient",
+    "policy_from_env",
+    "retry_call",
+    "tries",
+]
 
 T = TypeVar("T")
 
@@ -77,6 +92,16 @@ _TRANSIENT_WORDS = (
     "(503)",
     "(504)",
 )
+# Exception classes (by name) of the SDKs that mean a request failed on its way or mid-answer.
+_TRANSIENT_TYPES = frozenset(
+    {
+        "ServiceRequestError",  # azure-core: no answer (connection, DNS timeouts)
+        "ServiceResponseError",  # azure-core: the answer broke off
+        "TransportError",  # google-auth: the token endpoint did not answer
+        "ClientPayloadError",  # aiohttp: a body cut short
+        "ServerDisconnectedError",
+    }
+)
 _PERMANENT_TYPES: tuple[type[BaseException], ...] = (
     FileNotFoundError,
     PermissionError,
@@ -87,17 +112,19 @@ _PERMANENT_TYPES: tuple[type[BaseException], ...] = (
 
 @dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
-    """``attempts`` tries in all; waits ``min(max_delay, base_delay * 2**n)`` scaled by jitter."""
+    """``attempts`` tries in all, none begun after ``deadline`` seconds; waits
+    ``min(max_delay, base_delay * 2**n)`` scaled by jitter."""
 
     attempts: int = 6
     base_delay: float = 0.1
     max_delay: float = 5.0
+    deadline: float = 120.0
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ValueError(f"attempts must be at least 1, got {self.attempts}")
-        if self.base_delay < 0 or self.max_delay < 0:
-            raise ValueError("base_delay and max_delay must be non-negative")
+        if min(self.base_delay, self.max_delay, self.deadline) < 0:
+            raise ValueError("base_delay, max_delay and deadline must be non-negative")
 
     def delay(self, failures: int) -> float:
         """Full-jitter delay before retry number ``failures`` (1-based)."""
@@ -115,25 +142,25 @@ def policy_from_env() -> RetryPolicy:
             attempts=int(os.environ.get("TDU_RETRY_ATTEMPTS", DEFAULT_RETRY.attempts)),
             base_delay=float(os.environ.get("TDU_RETRY_BASE_DELAY", DEFAULT_RETRY.base_delay)),
             max_delay=float(os.environ.get("TDU_RETRY_MAX_DELAY", DEFAULT_RETRY.max_delay)),
+            deadline=float(os.environ.get("TDU_RETRY_DEADLINE", DEFAULT_RETRY.deadline)),
         )
     except ValueError as exc:
         raise ValueError(
             f"invalid TDU_RETRY_* environment setting: {exc}; expected TDU_RETRY_ATTEMPTS a "
-            f"positive int and TDU_RETRY_BASE_DELAY/TDU_RETRY_MAX_DELAY seconds >= 0"
+            f"positive int and TDU_RETRY_BASE_DELAY/MAX_DELAY/DEADLINE seconds >= 0"
         ) from None
 
 
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it was raised from) is worth retrying."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if _transient_here(current):
+    for link in chain(exc):
+        if isinstance(link, socket.gaierror) and link.errno == socket.EAI_NONAME:
+            return False  # a host name that does not exist (botocore calls it a connect error)
+    for link in chain(exc):
+        if _transient_here(link):
             return True
-        if isinstance(current, _PERMANENT_TYPES):
+        if isinstance(link, _PERMANENT_TYPES):
             return False
-        current = current.__cause__ or current.__context__
     return False
 
 
@@ -144,22 +171,13 @@ def _transient_here(exc: BaseException) -> bool:
         return True
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
-    status = _http_status(exc)
+    if type(exc).__name__ in _TRANSIENT_TYPES:
+        return True
+    status = http_status(exc)
     if status is not None:
         return status >= 500 or status in (408, 429)
     text = f"{type(exc).__name__} {exc}".lower()
     return any(word in text for word in _TRANSIENT_WORDS)
-
-
-def _http_status(exc: BaseException) -> int | None:
-    """The HTTP status botocore/aiohttp attached to ``exc``, if any."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(status, int):
-            return status
-    status = getattr(exc, "status", None)
-    return status if isinstance(status, int) and status >= 400 else None
 
 
 def retry_call(
@@ -168,23 +186,38 @@ def retry_call(
     *,
     what: str = "a storage call",
     sleep: Callable[[float], None] = time.sleep,
+    redact: Callable[[str], str] = str,
 ) -> T:
-    """``fn()``, retried on transient errors; the last error propagates when attempts run out.
+    """``fn()``, retried on transient errors; the last error propagates when attempts run out
+    or the next try would begin after ``policy.deadline`` seconds.
 
     Each retry is logged (WARNING, logger ``torch_dataloader_utils``) with ``what`` was tried,
-    the error and the attempt.
+    the error and the attempt, passed through ``redact`` (credentials scrubbed).
     """
-    failures = 0
+    failures, start = 0, time.monotonic()
     while True:
         try:
             return fn()
         except Exception as exc:
             failures += 1
-            if failures >= policy.attempts or not is_transient(exc):
-                raise
             delay = policy.delay(failures)
+            late = time.monotonic() - start + delay > policy.deadline
+            if failures >= policy.attempts or late or not is_transient(exc):
+                raise
             log.warning(
-                "%s failed (%s: %s); attempt %d of %d in %.2f s",
-                what, type(exc).__name__, exc, failures + 1, policy.attempts, delay,
-            )  # fmt: skip
+                "%s",
+                redact(
+                    f"{what} failed ({cause(exc)}); "
+                    f"attempt {failures + 1} of {policy.attempts} in {delay:.2f} s"
+                ),
+            )
             sleep(delay)
+
+
+def tries(exc: BaseException, policy: RetryPolicy, seconds: float) -> str:
+    """How a call that raised ``exc`` after ``seconds`` was retried, for its error message."""
+    if not is_transient(exc):
+        return "(not retried: the error is not transient)"
+    if seconds + policy.max_delay < policy.deadline:
+        return f"after {policy.attempts} attempts (set TDU_RETRY_ATTEMPTS to retry longer)"
+    return f"after {seconds:.0f} s of retries (set TDU_RETRY_DEADLINE to retry longer)"

@@ -7,12 +7,20 @@ read-ahead of the stream that opens it (see ``_remote``). The storage holds no r
 what to fetch ahead is the stream reader's business (``_stream``).
 
 ``storage_options`` go to fsspec unchanged. Their secret values (keys, secrets, tokens,
-passwords) are scrubbed from every message this module produces.
+passwords, connection strings, in every encoding: ``_secrets``) and the credentials in URLs are
+scrubbed from every message and log line this module produces.
+
+Errors: only a listing that succeeded and found nothing raises ``FileNotFoundError``. Any
+other failure of a listing or a read (401/403, a refused connection, a timeout, a host name
+that does not resolve, whatever exception the SDK raises) is a ``DataSourceError`` naming the
+URL, the endpoint and the cause, the SDK's exception chained as ``__cause__``; transient ones
+are retried first, by ``_retry`` alone (the SDK's own retries are switched off).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -22,21 +30,21 @@ import fsspec
 import pyarrow as pa
 from fsspec.implementations.local import LocalFileSystem
 
-from ._compat import strip_protocol
+from ._backends import cause, credentials, endpoint, without_sdk_retries
+from ._compat import no_sdk_retries, strip_protocol
 from ._errors import DataSourceError
 from ._log import log, some_names
-from ._remote import PieceReads, RemoteFile, RemoteObject
-from ._retry import RetryPolicy, policy_from_env, retry_call
+from ._remote import PieceReads, RemoteFile, RemoteObject, storage_error
+from ._retry import RetryPolicy, policy_from_env, retry_call, tries
+from ._secrets import Redactor, secret_values, url_secrets
 
-__all__ = ["FileEntry", "Storage", "secret_values"]
+__all__ = ["FileEntry", "Storage"]
 
 T = TypeVar("T")
 
 _GLOB_CHARS = frozenset("*?[")
 # What identifies one version of an object, by filesystem: S3/GCS ETag, then mtime-like fields.
 _VERSION_KEYS = ("ETag", "etag", "md5Hash", "generation", "mtime", "LastModified", "created")
-# storage_options keys (at any depth) whose values are credentials.
-_SECRET_WORDS = ("key", "secret", "token", "password", "credential", "sas", "signature")
 # storage_options keys that say which service a path lives on (part of the index cache key).
 _ENDPOINT_KEYS = ("endpoint_url", "endpoint", "account_name", "project", "host", "port")
 
@@ -70,18 +78,30 @@ class Storage:
         retry: RetryPolicy | None = None,
     ) -> None:
         options = dict(storage_options or {})
-        self._secrets = secret_values(options)
+        self.redact = Redactor(secret_values(options) + url_secrets(url))
         self.retry = policy_from_env() if retry is None else retry
-        try:
-            self._fs, _ = fsspec.core.url_to_fs(url, **options)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(self.redact(f"cannot set up storage for {url}: {exc}")) from None
-        except OSError as exc:
-            raise DataSourceError(self.redact(f"cannot set up storage for {url}: {exc}")) from None
+        self._fs = self._build(url, options)
+        self.redact = self.redact.plus(credentials(self._fs))
         self._pid = os.getpid()
         self.is_local = isinstance(self._fs, LocalFileSystem)
-        self.namespace = _namespace(self.fs, options)
+        self.endpoint = endpoint(self._fs)
+        self.namespace = _namespace(self._fs, options, self.endpoint)
         self._sizes: dict[str, int] = {}
+
+    def _build(self, url: str, options: dict[str, Any]) -> Any:
+        """The filesystem for ``url``; any failure named with the URL, credentials scrubbed."""
+        protocol = fsspec.utils.get_protocol(url)
+        if protocol != "file":  # our own instance: its SDK retries are switched off below
+            options = {"skip_instance_cache": True, **without_sdk_retries(protocol, options)}
+        try:
+            fs, _ = fsspec.core.url_to_fs(url, **options)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(self.redact(f"cannot set up storage for {url}: {exc}")) from None
+        except Exception as exc:  # the SDK's own types: ImportError, auth and network errors
+            text = f"cannot set up storage for {url}: {cause(exc)}"
+            raise storage_error(text, exc, self.redact)  # noqa: B904 (cause set inside)
+        no_sdk_retries(fs)
+        return fs
 
     @property
     def fs(self) -> Any:
@@ -95,12 +115,7 @@ class Storage:
         """In a new process, at first use: the filesystem rebuilt from its options."""
         rebuild, args = self._fs.__reduce__()[:2]
         self._fs, self._pid = rebuild(*args), os.getpid()
-
-    def redact(self, message: str) -> str:
-        """``message`` with every credential from ``storage_options`` replaced by ``***``."""
-        for secret in self._secrets:
-            message = message.replace(secret, "***")
-        return message
+        no_sdk_retries(self._fs)
 
     def display(self, path: str) -> str:
         """The path as users wrote it: plain for local files, ``protocol://`` otherwise."""
@@ -121,6 +136,7 @@ class Storage:
         items = [paths] if isinstance(paths, str) else list(paths)
         if not items:
             raise ValueError("path is empty: pass a file, directory, glob or a list of them")
+        self.redact = self.redact.plus(s for item in items for s in url_secrets(item))
         if not self.is_local:
             self.fs.invalidate_cache()  # a listing must see objects changed since the last one
         entries: dict[str, FileEntry] = {}
@@ -170,32 +186,44 @@ class Storage:
         )
 
     def _call(self, fn: Callable[[], T], what: str) -> T:
-        """``fn()`` with retries; failures other than a missing path become DataSourceError."""
+        """``fn()`` with retries. A ``FileNotFoundError`` of our own (a listing that found
+        nothing) passes; every other failure becomes a ``DataSourceError`` naming ``what``,
+        the endpoint and the cause."""
+        began = time.monotonic()
         try:
-            return retry_call(fn, self.retry, what=self.redact(what))
+            return retry_call(fn, self.retry, what=self.redact(what), redact=self.redact)
         except FileNotFoundError as exc:
             raise FileNotFoundError(self.redact(str(exc))) from None
-        except (OSError, ValueError) as exc:
-            message = self.redact(f"cannot {what}: {exc}")
-            raise DataSourceError(message) from (exc if message.endswith(str(exc)) else None)
+        except Exception as exc:
+            at = f" at {self.endpoint}" if self.endpoint else ""
+            how = tries(exc, self.retry, time.monotonic() - began)
+            text = f"cannot {what}{at} {how}: {cause(exc)}"
+            raise storage_error(text, exc, self.redact)  # noqa: B904 (cause set inside)
 
     def _list_item(self, item: str, extensions: tuple[str, ...]) -> list[FileEntry]:
         root = strip_protocol(self.fs, item)
-        if _GLOB_CHARS & set(item) and not self.fs.exists(root):  # an existing path is literal
-            entries = self._glob(root)
-        elif self.is_local and os.path.isdir(root):
-            entries = _by_extension(_walk_local(root), extensions, item, root)
-        elif self.fs.isdir(root):
-            entries = _by_extension(self._find(root), extensions, item, root)
-        elif self.fs.isfile(root):
-            entries = [_entry(root, self.fs.info(root))]
-        else:
+        if self.is_local and os.path.isdir(root):
+            return _some(_by_extension(_walk_local(root), extensions, item, root), item)
+        if _GLOB_CHARS & set(item) and self._info(root) is None:  # an existing path is literal
+            return _some(self._glob(root), item)
+        found = self._find(root)  # one listing for a directory: no HEAD request
+        if found:
+            return _some(_by_extension(found, extensions, item, root), item)
+        info = self._info(root)
+        if info is None:
             raise FileNotFoundError(f"no such file, directory or prefix: {item}")
-        if not entries:
-            raise FileNotFoundError(
-                f"no data files under {item} (names starting with '.' or '_' are ignored)"
-            )
-        return entries
+        if info.get("type") == "directory":
+            return _some([], item)
+        return [_entry(root, info)]
+
+    def _info(self, root: str) -> dict[str, Any] | None:
+        """What ``root`` is (fsspec ``info``); ``None`` only when the store answered that
+        nothing is there. Unlike ``isdir``/``isfile``/``exists``, which answer ``False`` on any
+        error, a failed request raises."""
+        try:
+            return dict(self.fs.info(root))
+        except FileNotFoundError:
+            return None
 
     def _glob(self, pattern: str) -> list[FileEntry]:
         found = self.fs.glob(pattern, detail=True)
@@ -207,30 +235,29 @@ class Storage:
         ]
 
     def _find(self, root: str) -> list[FileEntry]:
+        """The files below ``root``, hidden names skipped; none when ``root`` is a file (fsspec
+        finds a file as itself, without its details) or nothing. fsspec's generic ``find``
+        omits a directory it cannot list: ``_info`` then raises the error."""
         found = self.fs.find(root, detail=True)
         prefix = len(root.rstrip("/")) + 1
-        return [_entry(p, found[p]) for p in sorted(found) if not _hidden(p[prefix:])]
+        below = (p for p in sorted(found) if len(p) > prefix and not _hidden(p[prefix:]))
+        return [_entry(p, found[p]) for p in below]
 
 
-def secret_values(options: Mapping[str, Any]) -> tuple[str, ...]:
-    """String values of credential-like keys in ``options``, at any depth, longest first."""
-    found: set[str] = set()
-    for key, value in options.items():
-        if isinstance(value, Mapping):
-            found.update(secret_values(value))
-        elif (
-            isinstance(value, str)
-            and len(value) >= 4
-            and any(word in str(key).lower() for word in _SECRET_WORDS)
-        ):
-            found.add(value)
-    return tuple(sorted(found, key=len, reverse=True))
+def _some(entries: list[FileEntry], item: str) -> list[FileEntry]:
+    """``entries``, or ``FileNotFoundError`` when the listing found none."""
+    if not entries:
+        hint = "names starting with '.' or '_' are ignored"
+        raise FileNotFoundError(f"no data files under {item} ({hint})")
+    return entries
 
 
-def _namespace(fs: Any, options: Mapping[str, Any]) -> str:
-    """Protocol plus the endpoint-like options: which service paths belong to (no secrets)."""
+def _namespace(fs: Any, options: Mapping[str, Any], service: str) -> str:
+    """Protocol, the service's endpoint (with the Azure account) and the endpoint-like
+    options: which service paths belong to, so an emulator, a second account and the real
+    service never share index-cache rows (no secrets)."""
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    parts = [str(protocol)]
+    parts = [str(protocol)] + ([f"at={service}"] if service else [])
     nested = {**options.get("client_kwargs", {}), **options}
     parts += [f"{k}={nested[k]}" for k in _ENDPOINT_KEYS if nested.get(k) is not None]
     return " ".join(parts)

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._errors import CheckpointMismatchError, DataLoaderUtilsError
-from .._storage import secret_values
+from .._secrets import Redactor, secret_values, url_secrets
 from ._args import storage_options
 from ._inspect import add_inspect, inspect
 from ._output import EXIT_BAD_INPUT, EXIT_MISMATCH, PROG
@@ -44,7 +44,8 @@ _COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Command]] 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     args = _parser().parse_args(argv)
-    _configure_logging(args.verbose)
+    redact = _redactor(sys.argv[1:] if argv is None else argv)
+    _configure_logging(args.verbose, redact)
     try:
         args.storage_options = storage_options(args.storage_option)
         run: Command = args.run
@@ -53,9 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"MISMATCH: {exc}")
         return EXIT_MISMATCH
     except (DataLoaderUtilsError, OSError, ValueError, TypeError) as exc:
-        message = str(exc)
-        for secret in secret_values(getattr(args, "storage_options", {})):
-            message = message.replace(secret, "***")
+        message = " ".join(redact(str(exc)).split())  # one line
         print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
@@ -91,8 +90,35 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(verbose: int) -> None:
-    logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+def _redactor(words: Sequence[str]) -> Redactor:
+    """Scrubs the credentials among the command's words: ``--storage-option`` values of
+    credential-like keys (and their parts) and the credentials in URLs."""
+    found = [s for w in words for s in url_secrets(w)]
+    found += [s for w in words if "=" in w for s in secret_values(dict([w.split("=", 1)]))]
+    return Redactor(tuple(found))
+
+
+class _OursScrubbed(logging.Filter):
+    """Lets through the library's records and Python warnings (an SDK's own log lines only at
+    ``-vv``), credentials scrubbed."""
+
+    def __init__(self, redact: Redactor, everything: bool) -> None:
+        super().__init__()
+        self._redact, self._everything = redact, everything
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ours = record.name.startswith(("torch_dataloader_utils", "py.warnings"))
+        record.msg, record.args = self._redact(record.getMessage()), ()
+        return ours or self._everything
+
+
+def _configure_logging(verbose: int, redact: Redactor) -> None:
+    root = logging.getLogger()
+    if not root.handlers:  # as logging.basicConfig, with the filter on its handler alone
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.addFilter(_OursScrubbed(redact, everything=verbose >= 2))
+        root.addHandler(handler)
     logging.captureWarnings(True)
     if verbose:
         level = logging.INFO if verbose == 1 else logging.DEBUG

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .._storage import secret_values
+from .._secrets import secret_values
 from ._files import BadInput
 
 __all__ = ["add_settings", "byte_size", "storage_options"]
