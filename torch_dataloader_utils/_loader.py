@@ -68,7 +68,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
             slots = self._slots = SharedSlots(
                 self.num_workers, slot_bytes=slot_bytes(dataset._batch_bytes())
             )
-        slots.begin(start.epoch if start.is_fresh else None)
+        generation = slots.begin(start.epoch if start.is_fresh else None)
         with dataset._iteration(self.num_workers, slots) as progress:
             packets = super().__iter__()
         arrivals = _Arrivals(self, progress)
@@ -89,17 +89,22 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
             failed = False
             raise
         finally:
-            slots.end()  # workers still waiting for a slot give up
+            slots.end(generation)  # its workers still waiting for a slot give up
             if failed or not self.persistent_workers:
                 self._stop_workers(packets)
 
     def _stop_workers(self, packets: Any = None) -> None:
-        """Stop the workers of ``packets`` (and of the kept iterator) now, not when the iterator
-        is collected: collected later, inside a forked worker of another loader, it prints
-        ``Exception ignored in _MultiProcessingDataLoaderIter.__del__``."""
-        for iterator in (packets, self._iterator):
-            shutdown_workers(iterator)
-        self._iterator = None
+        """Stop the workers of ``packets`` (all kept workers when ``None``) now, not when the
+        iterator is collected: collected later, inside a forked worker of another loader, it
+        prints ``Exception ignored in _MultiProcessingDataLoaderIter.__del__``.
+
+        The kept (persistent) iterator is stopped only when it is ``packets``'s own: an older
+        iterator that ends late must not stop the workers a newer iteration reads from.
+        """
+        if packets is None or packets is self._iterator:
+            shutdown_workers(self._iterator)
+            self._iterator = None
+        shutdown_workers(packets)
 
     def __len__(self) -> int:
         """Batches this rank yields in the epoch (``DataLoader.__len__`` would count packets)."""
