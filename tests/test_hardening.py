@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import gc
+import json
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import torch
 from _data import ids_of, write_dataset
 
-from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils import StructuredDataset, TokenPacking
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +23,23 @@ def two_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("two_files")
     write_dataset(root, [50, 60], row_group_size=10)
     return root
+
+
+def write_docs(root: Path, lengths: Sequence[int], row_group: int = 4) -> Path:
+    """One Parquet file of documents (``tokens``: list<int64>); document d holds the tokens
+    ``100 * d + 3 ..`` (never the separator 2 or the pad 0)."""
+    root.mkdir(parents=True, exist_ok=True)
+    tokens = [list(range(100 * d + 3, 100 * d + 3 + n)) for d, n in enumerate(lengths)]
+    table = pa.table({"tokens": pa.array(tokens, pa.list_(pa.int64()))})
+    pq.write_table(table, root / "docs.parquet", row_group_size=row_group)
+    return root
+
+
+@pytest.fixture(scope="module")
+def docs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """30 documents of 0..16 tokens."""
+    lengths = [(7 * d) % 17 for d in range(30)]
+    return write_docs(tmp_path_factory.mktemp("docs"), lengths)
 
 
 # ----------------------------------------------------------------- 1: persistent workers
@@ -44,3 +67,41 @@ def test_an_older_iterator_closed_late_does_not_end_the_running_epoch(two_files:
     assert dataset.state_dict()["epoch"] == 0
     again = [i for batch in loader for i in ids_of(batch)]  # the same workers serve on
     assert sorted(again) == list(range(110))
+
+
+# ----------------------------------------------------------------- 2: numpy scalars
+
+
+def _builtins_only(value: object, where: str = "state") -> None:
+    """Every value of ``value`` is of a builtin JSON type (not a subclass such as np.bool_)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            assert type(key) is str, f"{where}: key {key!r}"
+            _builtins_only(item, f"{where}[{key!r}]")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _builtins_only(item, f"{where}[{i}]")
+    else:
+        assert type(value) in (str, int, float, bool, type(None)), f"{where}: {type(value)}"
+
+
+def test_numpy_scalars_become_builtins_in_the_state(docs_dir: Path, tmp_path: Path):
+    """``separator=np.int64(2)``, ``set_epoch(np.int64(1))``, ``rank=np.int64(0)`` went into
+    the state as numpy scalars: ``json.dumps`` and ``torch.load(weights_only=True)`` refused it."""
+    packing = TokenPacking("tokens", seq_len=np.int64(8), separator=np.int64(2), pad_id=np.int32(0))
+    assert type(packing.seq_len) is int and type(packing.separator) is int
+    assert type(packing.pad_id) is int
+    loader, dataset = StructuredDataset.create_dataloader(
+        str(docs_dir), batch_size=np.int64(2), rank=np.int64(0), world_size=np.int64(2),
+        shuffle=True, shuffle_seed=np.int64(3), split_bytes=np.int64(300), packing=packing,
+    )  # fmt: skip
+    dataset.set_epoch(np.int64(1))
+    assert type(dataset.epoch) is int
+    it = iter(loader)
+    next(it)
+    state = dataset.state_dict()
+    del it
+    _builtins_only(state)
+    assert json.loads(json.dumps(state)) == state
+    torch.save(state, tmp_path / "state.pt")
+    assert torch.load(tmp_path / "state.pt", weights_only=True) == state

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
+from ._args import optional_whole, whole
 from ._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetConfig
 from ._convert import warm_up
 from ._epoch import Epochs, Progress, Start
@@ -105,7 +106,10 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             packing=packing,
         )
         self._format = get_format(format)
-        self._rank, self._world_size = detect_ranks(rank, world_size)
+        self._rank, self._world_size = detect_ranks(
+            optional_whole("rank", rank, at_least=0),
+            optional_whole("world_size", world_size, at_least=1),
+        )
         World(self._rank, self._world_size)  # validates the pair
         first = path if isinstance(path, str) else next(iter(path), "")
         self._storage = Storage(first, storage_options)
@@ -114,7 +118,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             self._format,
             path,
             config.read_columns,
-            split_bytes,
+            config.split_bytes,
             # a collective only when asked for: the library calls dist.* only where told to
             rank=self._rank if share_index else 0,
             world_size=self._world_size if share_index else 1,
@@ -195,6 +199,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` afresh (its own permutation); discards any progress or loaded state."""
+        epoch = whole("epoch", epoch)
         if self._resumed and epoch == self.epoch:
             warnings.warn(
                 f"set_epoch({epoch}) after load_state_dict discards the checkpoint's progress in "

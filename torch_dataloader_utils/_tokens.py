@@ -22,6 +22,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.types as pat
 
+from ._args import optional_whole, whole
 from ._errors import DataSourceError
 
 __all__ = ["TokenPacking", "TokenPosition", "pack_tokens", "positions_from_bounds"]
@@ -68,12 +69,12 @@ class TokenPacking:
     def __post_init__(self) -> None:
         if not isinstance(self.column, str) or not self.column:
             raise TypeError(f"TokenPacking column must be a column name, got {self.column!r}")
-        for name in ("seq_len", "separator", "pad_id"):
-            value = getattr(self, name)
-            if (value is not None or name != "separator") and (
-                not isinstance(value, int | np.integer) or isinstance(value, bool)
-            ):
-                raise TypeError(f"TokenPacking {name} must be an int, got {value!r}")
+        # builtin ints (numpy's taken too): ``setting`` goes into the state
+        object.__setattr__(self, "seq_len", whole("TokenPacking seq_len", self.seq_len))
+        object.__setattr__(
+            self, "separator", optional_whole("TokenPacking separator", self.separator)
+        )
+        object.__setattr__(self, "pad_id", whole("TokenPacking pad_id", self.pad_id))
         if self.seq_len < 1:
             raise ValueError(f"TokenPacking seq_len must be >= 1, got {self.seq_len}")
 
