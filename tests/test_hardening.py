@@ -105,3 +105,26 @@ def test_numpy_scalars_become_builtins_in_the_state(docs_dir: Path, tmp_path: Pa
     assert json.loads(json.dumps(state)) == state
     torch.save(state, tmp_path / "state.pt")
     assert torch.load(tmp_path / "state.pt", weights_only=True) == state
+
+
+# ----------------------------------------------------------------- 3: float and negative epochs
+
+
+@pytest.mark.parametrize(
+    ("epoch", "error", "match"),
+    [
+        (1.0, TypeError, r"epoch must be an int, got 1\.0 \(float\)"),
+        (-1, ValueError, "epoch must be a non-negative int, got -1"),
+        ("1", TypeError, r"epoch must be an int, got '1' \(str\); convert .*int\('1'\)"),
+    ],
+)
+def test_set_epoch_refuses_what_is_not_an_epoch(
+    two_files: Path, epoch: object, error: type[Exception], match: str
+):
+    """``set_epoch(1.0)`` keyed the order by "0:1.0" (not epoch 1's order) and ``set_epoch(-1)``
+    made a state that ``load_state_dict`` refused."""
+    dataset = StructuredDataset(str(two_files), batch_size=16, shuffle=True)
+    dataset.set_epoch(2)
+    with pytest.raises(error, match=match):
+        dataset.set_epoch(epoch)  # type: ignore[arg-type]
+    assert dataset.epoch == 2 and dataset.state_dict()["epoch"] == 2

@@ -199,7 +199,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` afresh (its own permutation); discards any progress or loaded state."""
-        epoch = whole("epoch", epoch)
+        epoch = whole("epoch", epoch, at_least=0)  # -1 means "a resume" to persistent workers
         if self._resumed and epoch == self.epoch:
             warnings.warn(
                 f"set_epoch({epoch}) after load_state_dict discards the checkpoint's progress in "
