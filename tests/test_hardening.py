@@ -128,3 +128,40 @@ def test_set_epoch_refuses_what_is_not_an_epoch(
     with pytest.raises(error, match=match):
         dataset.set_epoch(epoch)  # type: ignore[arg-type]
     assert dataset.epoch == 2 and dataset.state_dict()["epoch"] == 2
+
+
+# ----------------------------------------------------------------- 4: a config file's strings
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"shuffle": "false"}, TypeError, r"shuffle must be True or False, got 'false' \(str\)"),
+        ({"even_batches": "false"}, TypeError, r"even_batches must be True or False, got 'fa"),
+        ({"drop_last": "no"}, TypeError, r"drop_last must be True or False, got 'no'"),
+        ({"num_workers": "2"}, TypeError, r"num_workers must be an int, got '2' \(str\)"),
+        ({"num_workers": -1}, ValueError, r"num_workers must be a non-negative int, got -1"),
+        ({"persistent_workers": "false", "num_workers": 1}, TypeError, "persistent_workers"),
+        ({"batch_size": "8"}, TypeError, r"batch_size must be an int, got '8' \(str\)"),
+        ({"world_size": "2", "rank": 0}, TypeError, r"world_size must be an int, got '2'"),
+    ],
+)
+def test_strings_from_a_config_file_are_refused_by_name(
+    two_files: Path, kwargs: dict[str, object], error: type[Exception], match: str
+):
+    """``even_batches="false"`` and ``shuffle="false"`` meant True; ``num_workers="2"`` failed
+    inside torch with ``'<' not supported between instances of 'str' and 'int'``."""
+    with pytest.raises(error, match=match):
+        StructuredDataset.create_dataloader(str(two_files), **kwargs)  # type: ignore[arg-type]
+
+
+def test_numpy_booleans_are_taken_as_booleans(two_files: Path):
+    loader, dataset = StructuredDataset.create_dataloader(
+        str(two_files), batch_size=16, shuffle=np.bool_(True), drop_last=np.bool_(True),
+        even_batches=np.bool_(False), rank=0, world_size=2, num_workers=np.int64(0),
+    )  # fmt: skip
+    assert type(loader.num_workers) is int
+    state = dataset.state_dict()
+    assert state["_shuffle"] is True and state["_even_batches"] is False
+    with pytest.raises(TypeError, match=r"elastic must be True or False, got 'yes'"):
+        dataset.load_state_dict(state, elastic="yes")  # type: ignore[arg-type]

@@ -8,9 +8,12 @@ not the type asked for is refused, saying what was received and what is accepted
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
-__all__ = ["flag", "optional_flag", "optional_whole", "whole"]
+__all__ = ["flag", "loader_options", "optional_flag", "optional_whole", "seconds", "whole"]
 
 
 def whole(name: str, value: object, *, at_least: int | None = None) -> int:
@@ -64,3 +67,34 @@ def _int_range(at_least: int) -> str:
     if at_least == 0:
         return "a non-negative int"
     return f"an int >= {at_least}"
+
+
+def loader_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The DataLoader options torch compares or tests for truth, checked and made builtins
+    (torch would take ``persistent_workers="false"`` for True, and fail on ``num_workers="2"``
+    with ``'<' not supported between 'str' and 'int'``)."""
+    checked = dict(options)
+    if "num_workers" in checked:
+        checked["num_workers"] = whole("num_workers", checked["num_workers"], at_least=0)
+    for name in ("persistent_workers", "pin_memory"):
+        if name in checked:
+            checked[name] = flag(name, checked[name])
+    if checked.get("prefetch_factor") is not None:
+        checked["prefetch_factor"] = whole(
+            "prefetch_factor", checked["prefetch_factor"], at_least=1
+        )
+    if "timeout" in checked:
+        checked["timeout"] = seconds("timeout", checked["timeout"])
+    return checked
+
+
+def seconds(name: str, value: object) -> float:
+    """A non-negative number of seconds (an int or a float, numpy's too)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.number):
+        raise TypeError(
+            f"{name} must be a number of seconds, got {_received(value)}"
+            f"{_parse_hint(value, 'float')}"
+        )
+    if not value >= 0:  # NaN too
+        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+    return float(value)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
-from ._args import optional_whole, whole
+from ._args import flag, optional_flag, optional_whole, whole
 from ._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetConfig
 from ._convert import warm_up
 from ._epoch import Epochs, Progress, Start
@@ -91,18 +91,20 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         share_index: bool = False,
     ) -> None:
         super().__init__()
+        even = optional_flag("even_batches", even_batches)
+        share_index = flag("share_index", share_index)
         config = DatasetConfig(
             format=format,
             batch_size=batch_size,
             columns=DatasetConfig.columns_from(columns),
-            shuffle=bool(shuffle),
+            shuffle=flag("shuffle", shuffle),
             shuffle_seed=shuffle_seed,
             shuffle_window=shuffle_window,
             shuffle_memory_bytes=shuffle_memory_bytes,
             split_bytes=split_bytes,
             output=output,
             transform=transform,
-            drop_last=bool(drop_last),
+            drop_last=flag("drop_last", drop_last),
             packing=packing,
         )
         self._format = get_format(format)
@@ -132,7 +134,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             config=config,
             rank=self._rank,
             world_size=self._world_size,
-            even_batches=self._world_size > 1 if even_batches is None else bool(even_batches),
+            even_batches=self._world_size > 1 if even is None else even,
         )
         self._loader_workers: int | None = None  # the num_workers of our loader, once known
         self._start = Start.fresh(0, len(index.splits))
@@ -231,7 +233,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         in a different order. Raises ``CheckpointMismatchError`` when files or settings differ.
         """
         workers = self._known_workers()
-        if elastic:
+        if flag("elastic", elastic):
             states = [state] if isinstance(state, Mapping) else list(state)
             start = self._epochs.load_elastic(states, workers or 0)
         elif isinstance(state, Mapping):

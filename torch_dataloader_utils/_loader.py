@@ -8,6 +8,7 @@ from typing import Any
 
 import torch.utils.data
 
+from ._args import loader_options
 from ._compat import ACCELERATE_PREPARED, accelerator_available, shutdown_workers
 from ._dataset import StructuredDataset
 from ._epoch import Progress
@@ -44,6 +45,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
                 f"{owned} belong to the dataset (StructuredDataset batches and orders its rows); "
                 f"pass batch_size/shuffle/drop_last to StructuredDataset or create_dataloader"
             )
+        kwargs = loader_options(kwargs)  # builtins: "false" is not False, "2" not 2
         super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
         dataset._attach_loader(self.num_workers)
         self._slots: SharedSlots | None = None
