@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import json
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from _data import ids_of, write_dataset
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from torch_dataloader_utils import StructuredDataset, TokenPacking
 
@@ -165,3 +169,54 @@ def test_numpy_booleans_are_taken_as_booleans(two_files: Path):
     assert state["_shuffle"] is True and state["_even_batches"] is False
     with pytest.raises(TypeError, match=r"elastic must be True or False, got 'yes'"):
         dataset.load_state_dict(state, elastic="yes")  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------- 6: packing, an empty part
+
+
+def _check_parts(batch: dict[str, np.ndarray], seq_len: int) -> None:
+    """``cu_seqlens`` rises strictly from 0 to the batch's tokens, every sequence boundary is
+    one of its bounds, and ``position_ids`` restart at each bound."""
+    bounds = batch["cu_seqlens"].tolist()
+    size = batch["input_ids"].size
+    assert bounds[0] == 0 and bounds[-1] == size
+    assert all(b > a for a, b in itertools.pairwise(bounds)), bounds
+    assert set(range(0, size, seq_len)) <= set(bounds)
+    flat = batch["position_ids"].reshape(-1).tolist()
+    expected = [i - lo for lo, hi in itertools.pairwise(bounds) for i in range(lo, hi)]
+    assert flat == expected
+
+
+def test_a_stream_that_fills_its_last_batch_exactly_has_no_empty_part(tmp_path: Path):
+    """Documents of 3, 11 and 15 tokens + separators fill 2 sequences of 16 exactly:
+    ``cu_seqlens`` was ``[0, 4, 16, 32, 32]`` (a zero-length part) while ``position_ids``
+    showed three parts."""
+    root = write_docs(tmp_path, [3, 11, 15])
+    packing = TokenPacking("tokens", seq_len=16, separator=2)
+    (batch,) = StructuredDataset(str(root), batch_size=4, packing=packing, output="numpy")
+    assert batch["cu_seqlens"].tolist() == [0, 4, 16, 32]
+    assert batch["num_tokens"] == 32
+    _check_parts(batch, 16)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lengths=st.lists(st.integers(0, 20), min_size=1, max_size=12),
+    seq_len=st.integers(1, 8),
+    batch_size=st.integers(1, 3),
+    separator=st.sampled_from([None, 2]),
+    drop_last=st.booleans(),
+)
+def test_every_packed_part_holds_a_token(
+    tmp_path: Path, lengths: list[int], seq_len: int, batch_size: int, separator: int | None,
+    drop_last: bool,
+):  # fmt: skip
+    root = write_docs(Path(tempfile.mkdtemp(dir=tmp_path)), lengths, row_group=3)
+    packing = TokenPacking("tokens", seq_len=seq_len, separator=separator)
+    dataset = StructuredDataset(str(root), batch_size=batch_size, packing=packing,
+                                output="numpy", drop_last=drop_last)  # fmt: skip
+    for batch in dataset:
+        _check_parts(batch, seq_len)
+

@@ -267,9 +267,13 @@ def _batch(
     real: int | None = None,
 ) -> dict[str, Any]:
     """One batch of ``tokens`` (whole sequences; after the first ``real``, padding) whose
-    documents start at ``starts``: its parts are the documents cut at sequence boundaries."""
+    documents start at ``starts``: its parts are the documents cut at sequence boundaries.
+
+    Every part holds a token: a start at ``size`` (the padding of a stream whose tokens fill
+    its last batch exactly) would make a zero-length part, which varlen attention refuses.
+    """
     size = len(tokens)
-    parts = np.concatenate((starts, np.arange(0, size, seq_len)))
+    parts = np.concatenate((starts[starts < size], np.arange(0, size, seq_len)))
     parts.sort()
     bounds = np.append(parts[np.append(True, parts[1:] != parts[:-1])], size)
     return {
