@@ -171,7 +171,7 @@ def test_numpy_booleans_are_taken_as_booleans(two_files: Path):
         dataset.load_state_dict(state, elastic="yes")  # type: ignore[arg-type]
 
 
-# ----------------------------------------------------------------- 6: packing, an empty part
+# ----------------------------------------------------------------- 6, 7: packing
 
 
 def _check_parts(batch: dict[str, np.ndarray], seq_len: int) -> None:
@@ -219,4 +219,24 @@ def test_every_packed_part_holds_a_token(
                                 output="numpy", drop_last=drop_last)  # fmt: skip
     for batch in dataset:
         _check_parts(batch, seq_len)
+        assert batch["input_ids"].flags.writeable
 
+
+@pytest.mark.parametrize(("output", "num_workers"), [("torch", 2), ("torch", 0), ("numpy", 0)])
+def test_packing_without_a_separator_hands_out_writable_batches(
+    docs_dir: Path, output: str, num_workers: int
+):
+    """Without a separator the batches viewed Arrow's read-only buffers: torch warned "The
+    given NumPy array is not writable" (an error under ``-W error``, as in this suite), in the
+    main process or in a worker (workers first: torch warns once per process)."""
+    packing = TokenPacking("tokens", seq_len=8)
+    loader, _ = StructuredDataset.create_dataloader(
+        str(docs_dir), batch_size=2, packing=packing, output=output, num_workers=num_workers
+    )
+    batches = list(loader)
+    assert sum(b["num_tokens"] for b in batches) == sum((7 * d) % 17 for d in range(30))
+    for batch in batches:
+        ids = batch["input_ids"]
+        if output == "numpy":
+            assert ids.flags.writeable
+        ids[0, 0] = 1  # writable: the user may edit a batch in place

@@ -233,7 +233,8 @@ def _documents(
             f"split {describe(first + 1)}: column {packing.column!r} ({column.type}) holds null "
             f"documents or tokens; packing needs every row to be a list of token ids"
         )
-    values = child.to_numpy()
+    # writable: a read-only view of Arrow's buffer would reach the user without a separator
+    values = child.to_numpy(zero_copy_only=False, writable=packing.separator is None)
     lengths = np.diff(offsets)
     if packing.separator is not None:
         values = np.insert(values, offsets[1:] - offsets[0], packing.separator)
