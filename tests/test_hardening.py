@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torch_dataloader_utils import StructuredDataset, TokenPacking
+from torch_dataloader_utils._cli import main
 
 
 @pytest.fixture(scope="module")
@@ -240,3 +241,33 @@ def test_packing_without_a_separator_hands_out_writable_batches(
         if output == "numpy":
             assert ids.flags.writeable
         ids[0, 0] = 1  # writable: the user may edit a batch in place
+
+
+# ----------------------------------------------------------------- 8: CLI, packed checkpoints
+
+
+def test_cli_verifies_and_inspects_a_packed_checkpoint(
+    docs_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """``verify`` and ``inspect --data`` built the dataset without packing: every packed
+    checkpoint exited 1 with ``packing changed: checkpoint=['tokens', 2], current=None``."""
+    packing = TokenPacking("tokens", seq_len=4, separator=2)
+    loader, dataset = StructuredDataset.create_dataloader(
+        str(docs_dir), batch_size=2, packing=packing, num_workers=2, split_bytes=300
+    )
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    (tmp_path / "state.json").write_text(json.dumps(dataset.state_dict()))
+    del it
+    code = main(["verify", str(tmp_path / "state.json"), str(docs_dir)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.startswith(f"OK: {tmp_path / 'state.json'} resumes cleanly against {docs_dir}")
+    code = main(["inspect", str(tmp_path / "state.json"), "--data", str(docs_dir)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "packing=['tokens', 2]" in out.splitlines()[1]
+    other = write_docs(tmp_path / "other", [5, 6, 7])
+    assert main(["verify", str(tmp_path / "state.json"), str(other)]) == 1
+    assert "Likely cause: files changed" in capsys.readouterr().out

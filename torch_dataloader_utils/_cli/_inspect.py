@@ -48,7 +48,7 @@ def inspect(args: argparse.Namespace) -> int:
         "checkpoint": args.checkpoint,
         "key": found.key,
         "epoch": first["epoch"],
-        "settings": {key[1:]: first[key] for key in SETTINGS},
+        "settings": {key[1:]: first[key] for key in SETTINGS} | _packing(first),
         "files": first["files"].get("count"),
         "num_splits": first["num_splits"],
         "ranks": [_rank(state) for state in states],
@@ -65,6 +65,11 @@ def inspect(args: argparse.Namespace) -> int:
             code = EXIT_MISMATCH
     emit(report, args.json, _render)
     return code
+
+
+def _packing(state: Mapping[str, Any]) -> Report:
+    """A packed state's packing setting ([column, separator]); nothing when not packed."""
+    return {} if state["_packing"] is None else {"packing": state["_packing"]}
 
 
 def _done(bits: str, state: Mapping[str, Any], key: str) -> np.ndarray:
