@@ -26,7 +26,8 @@ def twelve(tmp_path_factory: pytest.TempPathFactory) -> Path:
     [
         ({"shuffle": True, "shuffle_window": 0}, ValueError, "shuffle_window must be a positive"),
         ({"shuffle": True, "shuffle_window": -3}, ValueError, "shuffle_window must be a positive"),
-        ({"shuffle": True, "shuffle_window": 2.5}, ValueError, "shuffle_window must be a positive"),
+        ({"shuffle": True, "shuffle_window": 2.5}, TypeError, r"shuffle_window must be an int, "
+                                                               r"got 2\.5 \(float\)"),
         ({"shuffle": True, "shuffle_window": 13}, ValueError, "larger than the data: these files "
                                                                "make 12 split"),
         ({"shuffle_window": 4}, ValueError, "only with shuffle=True"),
