@@ -136,7 +136,7 @@ def _with_done(state, bits: np.ndarray) -> dict:
         (lambda s: s.update(done="!!not base64!!"), r"state key 'done' is corrupted"),
         (lambda s: s.update(done="AAAA"), r"state key 'done' is corrupted"),
         (lambda s: s.update(done=s["done"][:-8] + "AAAAAA=="), r"state key 'done' is corrupted"),
-        (lambda s: s["partial"].append([1, 2]), r"partial entry \[1, 2\]"),
+        (lambda s: s["partial"].append([1, 2]), r"state key 'partial': entry \[1, 2\]"),
         (lambda s: s["partial"][0].__setitem__(4, [0, 0]), r"delivered rows out of range"),
         (lambda s: s.update(base={"done": ""}), r"state key 'base'"),
     ],

@@ -2,11 +2,14 @@
 
 (a) States: real states (JSON round trip) with random mutations — keys deleted or renamed,
 values of other types, negative and huge numbers, bits flipped in the bitmap, partial entries
-and their row intervals altered or truncated, other versions. ``load_state_dict`` plus one
-iteration either raises the library's error (or ``TypeError``/``ValueError``) with a message, or
-delivers exactly the rows the (mutated, still valid) state says are left: disjoint from the
-rows it claims delivered, and together every row of the epoch. Never a crash, hang or a
-silent wrong resume.
+and their row intervals altered or truncated, other versions — of plain states, of states
+after an elastic resume (their ``base``) and of packed states (their ``tokens`` entries and
+``_packing``), loaded as they were saved or elastically. ``load_state_dict`` plus one iteration
+either raises the library's error — ``InvalidStateError`` naming the key, or
+``CheckpointMismatchError`` with its likely cause; never a bare ``TypeError``/``ValueError`` —
+or delivers exactly the rows (tokens) the (mutated, still valid) state says are left: disjoint
+from the rows it claims delivered, and together every row of the epoch. Never a crash, hang or
+a silent wrong resume.
 
 (b) File bytes: truncations and flipped bytes in the footers and pages of small Parquet and
 Arrow files. Building the dataset and reading an epoch raises ``DataSourceError`` (or
@@ -21,6 +24,7 @@ import base64
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from _data import rows_table, write_arrow, write_dataset, write_parquet
 from hypothesis import Phase, event, given, settings
@@ -40,6 +46,7 @@ from torch_dataloader_utils import (
     CheckpointMismatchError,
     InvalidStateError,
     StructuredDataset,
+    TokenPacking,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -69,20 +76,31 @@ def _ids(loader: Any) -> list[int]:
     return [int(i) for batch in loader for i in batch["id"].tolist()]
 
 
+def _state_after(loader: Any, batches: int | None) -> dict[str, Any]:
+    """The loader's state (JSON round trip) after ``batches`` (``None``: all) of an epoch."""
+    it = iter(loader)
+    for _ in range(batches if batches is not None else 10**6):
+        if next(it, None) is None:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    return state
+
+
 def _real_states(data: Path, num_workers: int) -> dict[bool, list[dict[str, Any]]]:
-    """States after 0, 1, 5, 13 batches and at the end of epoch 1, shuffled and not."""
+    """States after 0, 1, 5, 13 batches and at the end of epoch 1, shuffled and not; and one
+    after 3 batches of an elastic resume from 5 batches (it holds a ``base``)."""
     states: dict[bool, list[dict[str, Any]]] = {}
     for shuffle in (False, True):
         states[shuffle] = []
         for k in (0, 1, 5, 13, None):
             loader, dataset = _loader(data, shuffle, num_workers)
             dataset.set_epoch(1)
-            it = iter(loader)
-            for _ in range(k if k is not None else 10**6):
-                if next(it, None) is None:
-                    break
-            states[shuffle].append(json.loads(json.dumps(loader.state_dict())))
-            del it
+            states[shuffle].append(_state_after(loader, k))
+        loader, _ = _loader(data, shuffle, num_workers)
+        loader.load_state_dict([states[shuffle][2]], elastic=True)
+        states[shuffle].append(_state_after(loader, 3))
+        assert states[shuffle][-1]["base"] is not None
     return states
 
 
@@ -102,8 +120,15 @@ def claimed_rows(state: dict[str, Any], dataset: StructuredDataset) -> set[int]:
     Reads the plan through ``dataset._index`` (split id -> file, row range): the one private
     attribute this test relies on.
     """
+    starts = dict(zip((f.name for f in dataset._index.files), np.cumsum((0, *ROWS)), strict=False))
+    return claimed_rows_of(state, dataset, starts)
+
+
+def claimed_rows_of(
+    state: dict[str, Any], dataset: StructuredDataset, starts: dict[str, int]
+) -> set[int]:
+    """``claimed_rows`` for files whose first rows are numbered ``starts[name]``."""
     index = dataset._index
-    starts = dict(zip((f.name for f in index.files), np.cumsum((0, *ROWS)), strict=False))
     rows: set[int] = set()
     parts = [state] + ([state["base"]] if state.get("base") else [])
     for part in parts:
@@ -208,15 +233,27 @@ def mutate(state: dict[str, Any], draw: Any) -> dict[str, Any]:
     return state
 
 
-def check_mutated(data: Path, state: dict[str, Any], shuffle: bool, num_workers: int) -> str:
-    """Load + one iteration: a library error with a message, or exactly the rows left."""
+def refusal(exc: Exception) -> str:
+    """What a refused state raised, checked: an ``InvalidStateError`` names the key (or the
+    version), a ``CheckpointMismatchError`` its likely cause."""
+    message = str(exc)
+    if isinstance(exc, InvalidStateError):
+        assert re.search(r"key '[^']+'|state version|version \d+", message), message
+    else:
+        assert "\nLikely cause: " in message, f"no likely cause: {message}"
+    return f"refused: {type(exc).__name__}"
+
+
+def check_mutated(
+    data: Path, state: dict[str, Any], shuffle: bool, num_workers: int, elastic: bool = False
+) -> str:
+    """Load + one iteration: a library error naming the key, or exactly the rows left."""
     loader, dataset = _loader(data, shuffle, num_workers)
     try:
-        loader.load_state_dict(state)
+        loader.load_state_dict([state] if elastic else state, elastic=elastic)
         rest = _ids(loader)
-    except (*LIBRARY_ERRORS, TypeError, ValueError) as exc:
-        assert str(exc).strip(), f"{type(exc).__name__} without a message"
-        return f"refused: {type(exc).__name__}"
+    except LIBRARY_ERRORS as exc:
+        return refusal(exc)
     claimed = claimed_rows(state, dataset)
     assert len(rest) == len(set(rest)), "a row delivered twice after the resume"
     assert not set(rest) & claimed, "rows the state claims delivered were delivered again"
@@ -229,7 +266,9 @@ def check_mutated(data: Path, state: dict[str, Any], shuffle: bool, num_workers:
 def fuzz_states(data: Path, states: dict[bool, list[dict]], choice: Any, workers: int) -> None:
     shuffle = choice.draw(st.booleans(), label="shuffle")
     base = choice.draw(st.sampled_from(states[shuffle]), label="real state")
-    event(check_mutated(data, mutate(base, choice.draw), shuffle, num_workers=workers))
+    elastic = choice.draw(st.booleans(), label="elastic")
+    mutated = mutate(base, choice.draw)
+    event(check_mutated(data, mutated, shuffle, num_workers=workers, elastic=elastic))
 
 
 @pytest.mark.timeout(120)
@@ -254,6 +293,86 @@ def test_unmutated_states_resume_exactly(data: Path, num_workers: int):
     for shuffle, states in _real_states(data, num_workers).items():
         for state in states:
             assert check_mutated(data, state, shuffle, num_workers) == "resumed"
+            assert check_mutated(data, state, shuffle, num_workers, elastic=True) == "resumed"
+
+
+# Packed states: documents of 0..12 tokens ``doc * 1000 + i`` (no separator, padding -1), so
+# every delivered token says where it comes from.
+DOC_LENGTHS = [(5 * d) % 13 for d in range(40)]
+PACKED = {"batch_size": 2, "split_bytes": 1, "shuffle_seed": 5}
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fuzz-packed")
+    tokens = [[d * 1000 + i for i in range(n)] for d, n in enumerate(DOC_LENGTHS)]
+    for number, lo in enumerate((0, 25)):
+        table = pa.table({"tokens": pa.array(tokens[lo : lo + 25], pa.list_(pa.int64()))})
+        pq.write_table(table, root / f"part-{number}.parquet", row_group_size=4)
+    return root
+
+
+def _packed_loader(docs: Path, shuffle: bool) -> tuple[Any, StructuredDataset]:
+    packing = TokenPacking("tokens", seq_len=5, pad_id=-1)
+    return StructuredDataset.create_dataloader(
+        str(docs), shuffle=shuffle, packing=packing, output="numpy", **PACKED
+    )
+
+
+@pytest.fixture(scope="module")
+def packed_states(docs: Path) -> dict[bool, list[dict[str, Any]]]:
+    """Packed states after 3 and 9 batches, and after 2 batches of an elastic resume."""
+    states: dict[bool, list[dict[str, Any]]] = {}
+    for shuffle in (False, True):
+        states[shuffle] = [_state_after(_packed_loader(docs, shuffle)[0], k) for k in (3, 9)]
+        loader, _ = _packed_loader(docs, shuffle)
+        loader.load_state_dict([states[shuffle][0]], elastic=True)
+        states[shuffle].append(_state_after(loader, 2))
+        assert any(s["tokens"] for s in states[shuffle]), "a document cut in a state"
+    return states
+
+
+def claimed_tokens(state: dict[str, Any], dataset: StructuredDataset) -> set[int]:
+    """Tokens a packed state says were delivered: whole documents, and cut ones' heads."""
+    starts = {"part-0.parquet": 0, "part-1.parquet": 25}
+    rows = claimed_rows_of(state, dataset, starts)
+    tokens = {d * 1000 + i for d in rows for i in range(DOC_LENGTHS[d])}
+    for path, offset, _length, _fingerprint, row, count in state["tokens"]:
+        doc = starts[path] + offset + row
+        tokens.update(doc * 1000 + i for i in range(count))
+    return tokens
+
+
+def check_mutated_packed(docs: Path, state: dict[str, Any], shuffle: bool, elastic: bool) -> str:
+    loader, dataset = _packed_loader(docs, shuffle)
+    try:
+        loader.load_state_dict([state] if elastic else state, elastic=elastic)
+        rest = [int(t) for b in loader for t in b["input_ids"].reshape(-1)[: b["num_tokens"]]]
+    except LIBRARY_ERRORS as exc:
+        return refusal(exc)
+    claimed = claimed_tokens(state, dataset)
+    every = {d * 1000 + i for d, n in enumerate(DOC_LENGTHS) for i in range(n)}
+    assert len(rest) == len(set(rest)), "a token delivered twice after the resume"
+    assert not set(rest) & claimed, "tokens the state claims delivered were delivered again"
+    assert set(rest) | claimed == every, f"{len(every - set(rest) - claimed)} tokens lost"
+    return "resumed"
+
+
+def test_unmutated_packed_states_resume_exactly(docs: Path, packed_states):
+    for shuffle, states in packed_states.items():
+        for state in states:
+            for elastic in (False, True):
+                assert check_mutated_packed(docs, state, shuffle, elastic) == "resumed"
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=200)
+@given(choice=st.data())
+def test_mutated_packed_states_are_refused_or_resume_exactly(docs: Path, packed_states, choice):
+    shuffle = choice.draw(st.booleans(), label="shuffle")
+    state = choice.draw(st.sampled_from(packed_states[shuffle]), label="real state")
+    elastic = choice.draw(st.booleans(), label="elastic")
+    event(check_mutated_packed(docs, mutate(state, choice.draw), shuffle, elastic))
 
 
 def test_malformed_file_group_with_other_digest_is_an_invalid_state(

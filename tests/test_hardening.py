@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import itertools
 import json
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +20,7 @@ from _data import ids_of, write_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torch_dataloader_utils import StructuredDataset, TokenPacking
+from torch_dataloader_utils import InvalidStateError, StructuredDataset, TokenPacking
 from torch_dataloader_utils._cli import main
 
 
@@ -271,3 +273,58 @@ def test_cli_verifies_and_inspects_a_packed_checkpoint(
     other = write_docs(tmp_path / "other", [5, 6, 7])
     assert main(["verify", str(tmp_path / "state.json"), str(other)]) == 1
     assert "Likely cause: files changed" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------- 5: corrupt nested state
+
+
+@pytest.fixture(scope="module")
+def elastic_state(two_files: Path) -> dict[str, object]:
+    """A state after 2 batches of an elastic resume (it holds a ``base``) from 3 batches."""
+    loader, dataset = StructuredDataset.create_dataloader(str(two_files), batch_size=8)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    first = dataset.state_dict()
+    del it
+    loader, dataset = StructuredDataset.create_dataloader(str(two_files), batch_size=8)
+    dataset.load_state_dict([first], elastic=True)
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    state = json.loads(json.dumps(dataset.state_dict()))
+    del it
+    assert state["base"] is not None
+    return state
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("base.done", 5, r"state key 'base.done' must be str, got int"),
+        ("base.partial", 7, r"state key 'base.partial' must be list, got int"),
+        ("base.partial", [[1, 2]], r"state key 'base.partial': entry \[1, 2\]: expected"),
+        ("base", {"done": ""}, r"state key 'base' must be null or"),
+        ("files.digest", 3, r"state key 'files.digest' must be str, got int"),
+        ("_packing", ["tokens"], r"state key '_packing' must be null or \[column, separator\]"),
+        ("tokens", [[1, 0, 8, "f", 0, 1]], r"state key 'tokens': entry \[1, 0, 8, 'f', 0, 1\]"),
+        ("version", {}, r"unknown state version \{\}"),
+    ],
+)
+@pytest.mark.parametrize("elastic", [False, True])
+def test_a_corrupt_nested_key_is_an_invalid_state_naming_it(
+    two_files: Path, elastic_state: dict[str, object], key: str, value: object, match: str,
+    elastic: bool,
+):  # fmt: skip
+    """``base.done = 5`` raised ``AttributeError: 'int' object has no attribute 'encode'`` and
+    ``base.partial = 7`` ``TypeError: 'int' object is not iterable``: ``decode`` validated the
+    top-level keys only."""
+    state = copy.deepcopy(elastic_state)
+    *parents, last = key.split(".")
+    node: Any = state
+    for parent in parents:
+        node = node[parent]
+    node[last] = value
+    _, dataset = StructuredDataset.create_dataloader(str(two_files), batch_size=8)
+    with pytest.raises(InvalidStateError, match=match):
+        dataset.load_state_dict([state] if elastic else state, elastic=elastic)

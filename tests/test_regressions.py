@@ -152,7 +152,7 @@ def test_partial_entry_of_wrong_types_names_the_key(parquet_dir: Path, small_spl
     assert state["partial"], "the checkpoint should hold a split in progress"
     entry = state["partial"][0]
     bad = {**state, "partial": [[entry[0], str(entry[1]), *entry[2:]]]}
-    with pytest.raises(InvalidStateError, match="partial entry"):
+    with pytest.raises(InvalidStateError, match="state key 'partial': entry"):
         _harness.resume(case, bad)
 
 

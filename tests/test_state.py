@@ -380,7 +380,7 @@ def test_missing_key_is_named(key: str):
 def test_malformed_delivered_rows_are_refused(bounds: object):
     index, state, settings = _small_state()
     state["partial"][0][4] = bounds
-    with pytest.raises(InvalidStateError, match="partial entry"):
+    with pytest.raises(InvalidStateError, match="state key 'partial': entry"):
         decode(state, index=index, settings=settings)
 
 

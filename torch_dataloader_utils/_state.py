@@ -143,11 +143,13 @@ def decode_cuts(state: Mapping[str, Any], index: DatasetIndex, delivered: Consum
         if not (
             isinstance(entry, list)
             and len(entry) == 6
+            and isinstance(entry[0], str)
+            and isinstance(entry[3], str)
             and all(type(v) is int for v in (entry[1], entry[2], entry[4], entry[5]))
         ):
             raise InvalidStateError(
-                f"tokens entry {entry!r}: expected [path, row_offset, row_length, fingerprint, "
-                f"row, tokens delivered]"
+                f"state key 'tokens': entry {entry!r}: expected [path, row_offset, row_length, "
+                f"fingerprint, row, tokens delivered]"
             )
         split = _split_of(entry[:4], index)
         row, count = entry[4], entry[5]
@@ -156,7 +158,8 @@ def decode_cuts(state: Mapping[str, Any], index: DatasetIndex, delivered: Consum
         )
         if not 0 <= row < entry[2] or count < 1 or taken or (split, row) in cuts:
             raise InvalidStateError(
-                f"tokens entry {entry!r}: row {row} is not a row of the split partly delivered"
+                f"state key 'tokens': entry {entry!r}: row {row} is not a row of the split "
+                f"partly delivered"
             )
         cuts[split, row] = count
     return cuts
@@ -166,7 +169,7 @@ def _check_shape(state: object) -> None:
     if not isinstance(state, Mapping):
         raise InvalidStateError(f"a state must be a dict, got {type(state).__name__}")
     version = state.get("version")
-    if version in _OLD_VERSIONS:
+    if type(version) is int and version in _OLD_VERSIONS:
         raise InvalidStateError(
             f"this state is version {version}, {_OLD_VERSIONS[version]}; this library reads "
             f"version {STATE_VERSION} and cannot continue that epoch exactly. Restart the "
@@ -186,6 +189,40 @@ def _check_shape(state: object) -> None:
             )
         if isinstance(value, int) and value < 0 and key not in _SIGNED_KEYS:
             raise InvalidStateError(f"state key {key!r} must be >= 0, got {value}")
+    _check_nested(state)
+
+
+def _check_nested(state: Mapping[str, Any]) -> None:
+    """The parts of ``base`` (an elastic resume's), ``files`` and ``_packing`` that code reads
+    without further checks: of the right type, or an error naming the key."""
+    base = state["base"]
+    if base is not None:
+        if set(base) != {"done", "partial"}:
+            raise InvalidStateError(
+                f"state key 'base' must be null or {{'done': str, 'partial': list}}, got the "
+                f"keys {list(base)}"
+            )
+        _check_nested_key("base.done", base["done"], str)
+        _check_nested_key("base.partial", base["partial"], list)
+    for key, kind in (("count", int), ("digest", str), ("root", str), ("groups", list)):
+        if key in state["files"]:
+            _check_nested_key(f"files.{key}", state["files"][key], kind)
+    packing = state["_packing"]
+    if packing is not None and not (
+        len(packing) == 2
+        and isinstance(packing[0], str)
+        and (packing[1] is None or type(packing[1]) is int)
+    ):
+        raise InvalidStateError(
+            f"state key '_packing' must be null or [column, separator], got {packing!r}"
+        )
+
+
+def _check_nested_key(key: str, value: object, kind: type) -> None:
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InvalidStateError(
+            f"state key {key!r} must be {_type_name(kind)}, got {type(value).__name__}"
+        )
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
@@ -318,6 +355,7 @@ def _file_drift(
 
 def _consumed(bits: str, partial: Sequence[Any], index: DatasetIndex, key: str) -> Consumed:
     done = _unpack_bits(bits, len(index.splits), key)
+    partial_key = key.removesuffix("done") + "partial"  # 'partial' or 'base.partial'
     rows: dict[int, Intervals] = {}
     for entry in partial:
         if not (
@@ -330,11 +368,11 @@ def _consumed(bits: str, partial: Sequence[Any], index: DatasetIndex, key: str) 
             and all(type(v) is int for v in entry[4])
         ):
             raise InvalidStateError(
-                f"partial entry {entry!r}: expected [path, row_offset, row_length, "
-                f"fingerprint, [lo, hi, ...] rows delivered]"
+                f"state key {partial_key!r}: entry {entry!r}: expected [path, row_offset, "
+                f"row_length, fingerprint, [lo, hi, ...] rows delivered]"
             )
         split = _split_of(entry[:4], index)
-        rows[split] = _intervals(entry[4], entry[2], entry, done[split])
+        rows[split] = _intervals(entry[4], entry[2], entry, done[split], key=partial_key)
     return Consumed(done, rows)
 
 
@@ -363,7 +401,9 @@ def _split_key(split: int, index: DatasetIndex) -> tuple[Any, ...]:
     return f.name, s.row_offset, s.row_length, f.fingerprint
 
 
-def _intervals(bounds: list[int], length: int, entry: object, done: bool) -> Intervals:
+def _intervals(
+    bounds: list[int], length: int, entry: object, done: bool, key: str = "partial"
+) -> Intervals:
     """Stored ``[lo, hi, lo, hi, ...]`` as intervals: sorted, disjoint, within, not all rows."""
     pairs = tuple(zip(bounds[::2], bounds[1::2], strict=False))
     if (
@@ -375,7 +415,7 @@ def _intervals(bounds: list[int], length: int, entry: object, done: bool) -> Int
         or pairs[-1][1] > length
         or pairs == ((0, length),)
     ):
-        raise InvalidStateError(f"partial entry {entry!r}: delivered rows out of range")
+        raise InvalidStateError(f"state key {key!r}: entry {entry!r}: delivered rows out of range")
     return pairs
 
 
@@ -427,16 +467,17 @@ def check_coverage(states: Sequence[Mapping[str, Any]]) -> None:
     """One state per rank of the old job, each exactly once, all of one world size."""
     ranks = sorted(s["_rank"] for s in states)
     world_size = states[0]["_world_size"]
-    if ranks == list(range(world_size)) and {s["_world_size"] for s in states} == {world_size}:
+    if ranks == list(range(len(states))) and {s["_world_size"] for s in states} == {len(states)}:
         return
-    missing = sorted(set(range(world_size)) - set(ranks))
+    present = set(ranks)  # a corrupted world_size may be huge: name the first missing ranks
+    missing = list(itertools.islice((r for r in range(world_size) if r not in present), 8))
     duplicated = sorted({r for r in ranks if ranks.count(r) > 1})
     raise CheckpointMismatchError(
         f"the states do not cover the old job's ranks exactly once: ranks {ranks} for "
         f"world_size={world_size} (missing {missing}, duplicated {duplicated})."
         f"\nLikely cause: states list incomplete: checkpoint=world_size {world_size}, "
         f"current={len(states)} states",
-        split=stored_split(states[0]), field="rank", expected=list(range(world_size)),
+        split=stored_split(states[0]), field="rank", expected=range(world_size),
         found=ranks,
     )  # fmt: skip
 

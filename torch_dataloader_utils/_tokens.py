@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.types as pat
 
 from ._args import optional_whole, whole
-from ._errors import DataSourceError
+from ._errors import DataSourceError, InvalidStateError
 
 __all__ = ["TokenPacking", "TokenPosition", "pack_tokens", "positions_from_bounds"]
 
@@ -248,9 +248,10 @@ def _documents(
         for row, count in inside:
             i = row - first
             if count > lengths[i]:
-                raise DataSourceError(
-                    f"split {describe(row + 1)}: the checkpoint delivered {count} tokens of a "
-                    f"document of {lengths[i]}: the file changed since"
+                raise InvalidStateError(
+                    f"state key 'tokens': split {describe(row + 1)}: the checkpoint delivered "
+                    f"{count} tokens of a document of {lengths[i]}: the state is corrupted (or "
+                    f"the file changed without a change to its size or footer)"
                 )
             keep[starts[i] : starts[i] + count] = False
             skipped[i] = count
