@@ -20,7 +20,13 @@ from _data import ids_of, write_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torch_dataloader_utils import InvalidStateError, StructuredDataset, TokenPacking
+from torch_dataloader_utils import (
+    DataSourceError,
+    InvalidStateError,
+    StructuredDataset,
+    TokenPacking,
+    UnsendableBatchError,
+)
 from torch_dataloader_utils._cli import main
 
 
@@ -328,3 +334,110 @@ def test_a_corrupt_nested_key_is_an_invalid_state_naming_it(
     _, dataset = StructuredDataset.create_dataloader(str(two_files), batch_size=8)
     with pytest.raises(InvalidStateError, match=match):
         dataset.load_state_dict([state] if elastic else state, elastic=elastic)
+
+
+# ----------------------------------------------------------------- 9: real and hostile files
+
+
+def _interval_batch(rows: int) -> pa.RecordBatch:
+    """``id`` and two interval columns of types pyarrow has no Python class for (as in
+    arrow-testing's ``generated_interval``): made through the C data interface, by renaming
+    the format of int32/int64 columns of the same layout."""
+    from pyarrow.cffi import ffi
+
+    batch = pa.record_batch({
+        "id": pa.array(np.arange(rows)),
+        "months": pa.array(np.arange(rows, dtype=np.int32)),
+        "day_time": pa.array(np.arange(rows, dtype=np.int64)),
+    })  # fmt: skip
+    c_schema, c_array = ffi.new("struct ArrowSchema*"), ffi.new("struct ArrowArray*")
+    schema_ptr, array_ptr = (int(ffi.cast("uintptr_t", c)) for c in (c_schema, c_array))
+    batch._export_to_c(array_ptr, schema_ptr)
+    formats = [ffi.new("char[]", b"tiM"), ffi.new("char[]", b"tiD")]
+    c_schema.children[1].format, c_schema.children[2].format = formats
+    return pa.RecordBatch._import_from_c(array_ptr, schema_ptr)
+
+
+@pytest.fixture(scope="module")
+def interval_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("intervals")
+    batch = _interval_batch(10)
+    with pa.ipc.new_file(root / "interval.arrow", batch.schema) as writer:
+        writer.write_batch(batch)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("output", "num_workers", "error"),
+    [("torch", 0, ValueError), ("numpy", 0, ValueError), ("torch", 2, ValueError),
+     ("arrow", 2, UnsendableBatchError)],
+)  # fmt: skip
+def test_interval_columns_name_the_file_column_and_type(
+    interval_dir: Path, output: str, num_workers: int, error: type[Exception]
+):
+    """A bare ``KeyError: 21`` from inside pyarrow named neither file, column nor type."""
+    loader, _ = StructuredDataset.create_dataloader(
+        str(interval_dir), format="arrow", batch_size=4, output=output, num_workers=num_workers
+    )
+    with pytest.raises(error, match=r"interval\.arrow rows \[0, 10\).*'months' \(month_interval\)"):
+        list(loader)
+
+
+def test_interval_columns_are_delivered_as_arrow_or_left_out(interval_dir: Path):
+    loader, _ = StructuredDataset.create_dataloader(
+        str(interval_dir), format="arrow", batch_size=4, output="arrow"
+    )
+    assert [b.num_rows for b in loader] == [4, 4, 2]
+    loader, _ = StructuredDataset.create_dataloader(
+        str(interval_dir), format="arrow", batch_size=4, columns=["id"], num_workers=2
+    )
+    assert sorted(i for b in loader for i in ids_of(b)) == list(range(10))
+
+
+def test_a_corrupt_record_batch_header_is_not_an_empty_batch(tmp_path: Path):
+    """A header corrupted where its row count was read as 0 rows (a flatbuffer leaves a
+    default out): the batch was never read, its 10 rows lost without an error, where pyarrow
+    refuses the file ("Invalid flatbuffers message")."""
+    from torch_dataloader_utils._formats._ipc_footer import read_footer
+
+    path = tmp_path / "corrupt.arrow"
+    table = pa.table({"id": pa.array(np.arange(20))})
+    with pa.ipc.new_file(path, table.schema) as writer:
+        writer.write_table(table.slice(0, 10))
+        writer.write_table(table.slice(10, 10))
+    raw = bytearray(path.read_bytes())
+    raw[read_footer(lambda at, n: bytes(raw[at : at + n]), len(raw)).blocks[0].offset + 24] = 1
+    path.write_bytes(raw)
+    with pytest.raises((OSError, pa.ArrowException), match="Invalid flatbuffers message"):
+        pa.ipc.open_file(path).read_all()
+    with pytest.raises(DataSourceError, match=r"corrupt\.arrow as arrow.*Invalid flatbuffers"):
+        StructuredDataset(str(path), format="arrow")
+
+
+def test_values_that_pyarrow_reads_are_not_refused(tmp_path: Path):
+    """Batches were validated with ``full=True``, which also rules on values: arrow-testing's
+    ``generated_decimal`` and ``generated_datetime`` were refused ("Decimal value 12810 does
+    not fit in precision of decimal128(3, 2)", "date64 ... not a whole number of days")."""
+    decimal = pa.Array.from_buffers(
+        pa.decimal128(3, 2), 2, [None, pa.py_buffer(np.array([12810, 0, 5, 0], np.int64))]
+    )
+    batch = pa.record_batch({
+        "id": pa.array([0, 1]),
+        "d": decimal,
+        "date": pa.array(np.array([1, 86_400_000], np.int64)).view(pa.date64()),
+        "time": pa.array(np.array([-1, 10**6], np.int32)).view(pa.time32("s")),
+        "s": pa.Array.from_buffers(pa.string(), 2, [None, pa.py_buffer(np.array([0, 1, 2],
+                                   np.int32)), pa.py_buffer(b"a\xff")]),
+    })  # fmt: skip
+    with pytest.raises(pa.ArrowInvalid):
+        batch.validate(full=True)
+    with pa.ipc.new_file(tmp_path / "values.arrow", batch.schema) as writer:
+        writer.write_batch(batch)
+    expected = pa.ipc.open_file(tmp_path / "values.arrow").read_all()
+    (got,) = StructuredDataset(str(tmp_path), format="arrow", output="arrow", batch_size=8)
+    assert pa.Table.from_batches([got]).equals(expected)
+    loader, _ = StructuredDataset.create_dataloader(
+        str(tmp_path), format="arrow", batch_size=8, columns=["id", "date", "time"]
+    )
+    (batch_t,) = list(loader)
+    assert batch_t["date"].tolist() == [1, 86_400_000] and batch_t["time"].tolist() == [-1, 10**6]
