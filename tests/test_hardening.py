@@ -6,7 +6,11 @@ import copy
 import gc
 import itertools
 import json
+import signal
+import subprocess
+import sys
 import tempfile
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -441,3 +445,28 @@ def test_values_that_pyarrow_reads_are_not_refused(tmp_path: Path):
     )
     (batch_t,) = list(loader)
     assert batch_t["date"].tolist() == [1, 86_400_000] and batch_t["time"].tolist() == [-1, 10**6]
+
+
+# ----------------------------------------------------------------- 10: the demo's warning
+
+
+def test_a_sigkilled_training_process_leaves_no_semaphore_to_report(two_files: Path):
+    """After ``make demo``'s SIGKILL the resource tracker printed "There appear to be 2 leaked
+    semaphore objects to clean up at shutdown": the slots' wake-up semaphores were named."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from torch_dataloader_utils import StructuredDataset
+        loader, _ = StructuredDataset.create_dataloader(
+            {str(two_files)!r}, batch_size=8, num_workers=2, persistent_workers=True)
+        it = iter(loader)
+        next(it)
+        print("delivered", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == -signal.SIGKILL and done.stdout == "delivered\n", done.stderr
+    assert "leaked semaphore" not in done.stderr, done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -68,7 +69,9 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         ):
             self._stop_workers()
             slots = self._slots = SharedSlots(
-                self.num_workers, slot_bytes=slot_bytes(dataset._batch_bytes())
+                self.num_workers,
+                slot_bytes=slot_bytes(dataset._batch_bytes()),
+                context=self._start_method(),
             )
         generation = slots.begin(start.epoch if start.is_fresh else None)
         with dataset._iteration(self.num_workers, slots) as progress:
@@ -94,6 +97,15 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
             slots.end(generation)  # its workers still waiting for a slot give up
             if failed or not self.persistent_workers:
                 self._stop_workers(packets)
+
+    def _start_method(self) -> str:
+        """How this loader's workers start: semaphores made for ``fork`` are unlinked at once,
+        so a SIGKILLed training process leaves none for the resource tracker to report
+        ("There appear to be N leaked semaphore objects")."""
+        context = self.multiprocessing_context
+        if context is None:
+            return multiprocessing.get_start_method()
+        return str(context.get_start_method())
 
     def _stop_workers(self, packets: Any = None) -> None:
         """Stop the workers of ``packets`` (all kept workers when ``None``) now, not when the

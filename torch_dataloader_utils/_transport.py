@@ -70,7 +70,8 @@ class SharedSlots:
 
     ``context`` is the multiprocessing start method the workers use, for the wake-up
     semaphores; the default, ``"spawn"``, makes semaphores that also work in forked and
-    forkserver workers.
+    forkserver workers. ``"fork"`` makes semaphores without a name (unlinked at once), which
+    leave nothing behind when the process is SIGKILLed.
     """
 
     def __init__(
