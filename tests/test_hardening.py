@@ -470,3 +470,35 @@ def test_a_sigkilled_training_process_leaves_no_semaphore_to_report(two_files: P
     )
     assert done.returncode == -signal.SIGKILL and done.stdout == "delivered\n", done.stderr
     assert "leaked semaphore" not in done.stderr, done.stderr
+
+
+# ----------------------------------------------------------------- 12: secrets in URLs
+
+
+@pytest.fixture
+def http_server(two_files: Path):
+    """A plain HTTP server on loopback over ``two_files`` (it ignores query strings)."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(two_files))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_presigned_url_s_signature_never_reaches_the_state(http_server: str):
+    """The query of a presigned URL (signature, credential) became part of the file names in
+    the state: ``files.groups`` held ``part-00000.parquet?X-Amz-Signature=...``."""
+    query = "?X-Amz-Signature=SECRETSIG&X-Amz-Credential=AKIAFAKE"
+    urls = [f"{http_server}/part-0000{i}.parquet{query}" for i in range(2)]
+    state = StructuredDataset(urls, batch_size=8).state_dict()
+    text = json.dumps(state)
+    assert "SECRETSIG" not in text and "AKIAFAKE" not in text, text
+    assert [g[0] for g in state["files"]["groups"]] == ["part-00000.parquet", "part-00001.parquet"]
+    resigned = [url.replace("SECRETSIG", "OTHERSIG") for url in urls]  # the same objects
+    StructuredDataset(resigned, batch_size=8).load_state_dict(state)
