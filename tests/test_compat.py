@@ -30,8 +30,11 @@ def test_shared_storage_and_its_use_count():
 
 def test_shutdown_workers_passes_over_what_has_no_workers():
     # Stopping real workers: tests/test_loader.py and tests/test_no_silent_loss.py.
-    shutdown_workers(iter(torch.utils.data.DataLoader(range(4))))
-    shutdown_workers(None)
+    it = iter(torch.utils.data.DataLoader(range(4)))
+    assert next(it).tolist() == [0]
+    shutdown_workers(it)  # a single-process iterator has nothing to stop: it goes on
+    assert [batch.tolist() for batch in it] == [[1], [2], [3]]
+    assert shutdown_workers(None) is None
 
 
 def test_strip_protocol_and_accelerator():

@@ -72,11 +72,14 @@ def test_slot_is_lent_until_its_views_are_gone() -> None:
 
 def test_waiting_worker_gives_up_when_the_iteration_ends() -> None:
     slots = SharedSlots(num_workers=1, slots=1, slot_bytes=1 << 12)
-    slots.begin(fresh_epoch=0)
-    generation = slots.generation()
+    generation = slots.begin(fresh_epoch=0)
+    assert generation == slots.generation()
     assert slots.acquire(0, generation) == 0
-    slots.end()
+    slots.end(generation)
     assert slots.acquire(0, generation) is None
+    later = slots.begin(fresh_epoch=1)
+    slots.end(generation)  # an older iteration ending late leaves the newer one running
+    assert slots.generation() == later
 
 
 def test_persistent_workers_follow_set_epoch_without_a_restart(dataset_dir: Path) -> None:
@@ -142,7 +145,7 @@ def test_end_wakes_a_waiting_worker() -> None:
     slots.begin(fresh_epoch=0)
     generation = slots.generation()
     assert slots.acquire(0, generation) == 0
-    threading.Timer(0.1, slots.end).start()
+    threading.Timer(0.1, slots.end, args=(generation,)).start()
     started = time.monotonic()
     assert slots.acquire(0, generation) is None
     assert time.monotonic() - started < 0.2  # woken, not a check interval later

@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ._args import whole
 from ._convert import OUTPUTS, converted_row_bytes
 from ._tokens import TokenPacking
 
@@ -41,11 +42,8 @@ class DatasetConfig:
     packing: TokenPacking | None = None
 
     def __post_init__(self) -> None:
-        _positive_int("batch_size", self.batch_size)
-        _positive_int("split_bytes", self.split_bytes)
+        self._normalize_ints()
         self._check_shuffle_knobs()
-        if not isinstance(self.shuffle_seed, int) or isinstance(self.shuffle_seed, bool):
-            raise TypeError(f"shuffle_seed must be an int, got {self.shuffle_seed!r}")
         if self.output not in OUTPUTS:
             raise ValueError(f"unknown output {self.output!r}; supported outputs: {OUTPUTS}")
         if self.transform is not None and not callable(self.transform):
@@ -55,6 +53,12 @@ class DatasetConfig:
         ):
             raise ValueError(f"columns must be a non-empty list of names, got {self.columns!r}")
         self._check_packing()
+
+    def _normalize_ints(self) -> None:
+        """Builtin ints (numpy's taken too), so that a state holds builtins only."""
+        for name in ("batch_size", "split_bytes", "shuffle_memory_bytes"):
+            object.__setattr__(self, name, whole(name, getattr(self, name), at_least=1))
+        object.__setattr__(self, "shuffle_seed", whole("shuffle_seed", self.shuffle_seed))
 
     def batch_bytes(self, schema: pa.Schema) -> int:
         """About how many bytes a converted batch of ``schema`` (the columns read) holds."""
@@ -93,7 +97,6 @@ class DatasetConfig:
         return int(min(max(1, rows), _MAX_WINDOW_ROWS))
 
     def _check_shuffle_knobs(self) -> None:
-        _positive_int("shuffle_memory_bytes", self.shuffle_memory_bytes)
         if self.shuffle_memory_bytes < _MIN_SHUFFLE_MEMORY_BYTES:
             raise ValueError(
                 f"shuffle_memory_bytes={self.shuffle_memory_bytes} is below the minimum of "
@@ -105,8 +108,3 @@ class DatasetConfig:
         if isinstance(columns, str):
             raise TypeError(f"columns must be a list of names, got the string {columns!r}")
         return None if columns is None else tuple(columns)
-
-
-def _positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")

@@ -132,10 +132,27 @@ def convert(batch: pa.RecordBatch, output: str, *, copy: bool, nested: bool = Tr
             f"entry per name: rename them in the data, leave them out with columns=, or read with "
             f"output='arrow'"
         )
-    columns = zip(names, batch.columns, strict=True)
+    columns = zip(names, _columns(batch), strict=True)
     if output == "numpy":
         return {name: _array(column, name) for name, column in columns}
     return {name: _tensor(column, name, copy, nested) for name, column in columns}
+
+
+def _columns(batch: pa.RecordBatch) -> list[pa.Array]:
+    """``batch.columns``, or ``ValueError`` naming the column of a type that pyarrow has no
+    Python class for (intervals of months, or of days and milliseconds: a bare ``KeyError``
+    from inside pyarrow)."""
+    columns = []
+    for i, field in enumerate(batch.schema):
+        try:
+            columns.append(batch.column(i))
+        except KeyError as exc:
+            raise ValueError(
+                f"column {field.name!r} ({field.type}) is of a type pyarrow cannot hand to "
+                f"Python (KeyError {exc} inside pyarrow); leave it out with columns=[...] or "
+                f"cast it in the data"
+            ) from exc
+    return columns
 
 
 def warm_up(schema: pa.Schema, output: str) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
+from ._args import flag, optional_flag, optional_whole, whole
 from ._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetConfig
 from ._convert import warm_up
 from ._epoch import Epochs, Progress, Start
@@ -91,21 +92,26 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         share_index: bool = False,
     ) -> None:
         super().__init__()
+        even = optional_flag("even_batches", even_batches)
+        share_index = flag("share_index", share_index)
         config = DatasetConfig(
             format=format,
             batch_size=batch_size,
             columns=DatasetConfig.columns_from(columns),
-            shuffle=bool(shuffle),
+            shuffle=flag("shuffle", shuffle),
             shuffle_seed=shuffle_seed,
             shuffle_memory_bytes=shuffle_memory_bytes,
             split_bytes=split_bytes,
             output=output,
             transform=transform,
-            drop_last=bool(drop_last),
+            drop_last=flag("drop_last", drop_last),
             packing=packing,
         )
         self._format = get_format(format)
-        self._rank, self._world_size = detect_ranks(rank, world_size)
+        self._rank, self._world_size = detect_ranks(
+            optional_whole("rank", rank, at_least=0),
+            optional_whole("world_size", world_size, at_least=1),
+        )
         World(self._rank, self._world_size)  # validates the pair
         first = path if isinstance(path, str) else next(iter(path), "")
         self._storage = Storage(first, storage_options)
@@ -114,7 +120,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             self._format,
             path,
             config.read_columns,
-            split_bytes,
+            config.split_bytes,
             # a collective only when asked for: the library calls dist.* only where told to
             rank=self._rank if share_index else 0,
             world_size=self._world_size if share_index else 1,
@@ -127,7 +133,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             config=config,
             rank=self._rank,
             world_size=self._world_size,
-            even_batches=self._world_size > 1 if even_batches is None else bool(even_batches),
+            even_batches=self._world_size > 1 if even is None else even,
         )
         self._loader_workers: int | None = None  # the num_workers of our loader, once known
         self._start = Start.fresh(0)
@@ -194,6 +200,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` afresh (its own permutation); discards any progress or loaded state."""
+        epoch = whole("epoch", epoch, at_least=0)  # -1 means "a resume" to persistent workers
         if self._resumed and epoch == self.epoch:
             warnings.warn(
                 f"set_epoch({epoch}) after load_state_dict discards the checkpoint's progress in "
@@ -227,7 +234,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         in a different order. Raises ``CheckpointMismatchError`` when files or settings differ.
         """
         workers = self._known_workers()
-        if elastic:
+        if flag("elastic", elastic):
             states = [state] if isinstance(state, Mapping) else list(state)
             start = self._epochs.load_elastic(states, workers or 0)
         elif isinstance(state, Mapping):

@@ -266,7 +266,7 @@ def _assemble(
         IndexedFile(
             path=e.path,
             display=storage.display(e.path),
-            name=e.path[len(root) :].lstrip("/"),
+            name=_state_name(e.path[len(root) :].lstrip("/"), local=storage.is_local),
             fingerprint=fingerprint,
             metadata=meta,
         )
@@ -278,6 +278,13 @@ def _assemble(
     )
     _check_rows(files, splits)
     return DatasetIndex(files, tuple(splits), schema, storage.display(root))
+
+
+def _state_name(name: str, *, local: bool) -> str:
+    """A file's name in states: without a URL's query, which holds a presigned URL's signature
+    and credential or a SAS token (a state never holds a secret; the object signed anew is the
+    same file)."""
+    return name if local else name.split("?", 1)[0]
 
 
 def _root(paths: Sequence[str]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -10,6 +11,7 @@ from typing import Any
 
 import torch.utils.data
 
+from ._args import loader_options
 from ._compat import ACCELERATE_PREPARED, accelerator_available, shutdown_workers
 from ._dataset import StructuredDataset
 from ._epoch import Progress
@@ -48,6 +50,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
                 f"{owned} belong to the dataset (StructuredDataset batches and orders its rows); "
                 f"pass batch_size/shuffle/drop_last to StructuredDataset or create_dataloader"
             )
+        kwargs = loader_options(kwargs)  # builtins: "false" is not False, "2" not 2
         super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
         dataset._attach_loader(self.num_workers)
         self._slots: SharedSlots | None = None
@@ -75,9 +78,11 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         ):
             self._stop_workers()
             slots = self._slots = SharedSlots(
-                self.num_workers, slot_bytes=slot_bytes(dataset._batch_bytes())
+                self.num_workers,
+                slot_bytes=slot_bytes(dataset._batch_bytes()),
+                context=self._start_method(),
             )
-        slots.begin(start.epoch if start.is_fresh else None)
+        generation = slots.begin(start.epoch if start.is_fresh else None)
         with dataset._iteration(self.num_workers, slots) as progress:
             packets = super().__iter__()
         arrivals = _Arrivals(self, progress)
@@ -97,17 +102,31 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
             failed = False
             raise
         finally:
-            slots.end()  # workers still waiting for a slot give up
+            slots.end(generation)  # its workers still waiting for a slot give up
             if failed or not self.persistent_workers:
                 self._stop_workers(packets)
 
+    def _start_method(self) -> str:
+        """How this loader's workers start: semaphores made for ``fork`` are unlinked at once,
+        so a SIGKILLed training process leaves none for the resource tracker to report
+        ("There appear to be N leaked semaphore objects")."""
+        context = self.multiprocessing_context
+        if context is None:
+            return multiprocessing.get_start_method()
+        return str(context.get_start_method())
+
     def _stop_workers(self, packets: Any = None) -> None:
-        """Stop the workers of ``packets`` (and of the kept iterator) now, not when the iterator
-        is collected: collected later, inside a forked worker of another loader, it prints
-        ``Exception ignored in _MultiProcessingDataLoaderIter.__del__``."""
-        for iterator in (packets, self._iterator):
-            shutdown_workers(iterator)
-        self._iterator = None
+        """Stop the workers of ``packets`` (all kept workers when ``None``) now, not when the
+        iterator is collected: collected later, inside a forked worker of another loader, it
+        prints ``Exception ignored in _MultiProcessingDataLoaderIter.__del__``.
+
+        The kept (persistent) iterator is stopped only when it is ``packets``'s own: an older
+        iterator that ends late must not stop the workers a newer iteration reads from.
+        """
+        if packets is None or packets is self._iterator:
+            shutdown_workers(self._iterator)
+            self._iterator = None
+        shutdown_workers(packets)
 
     def __len__(self) -> int:
         """Batches this rank yields in the epoch (``DataLoader.__len__`` would count packets)."""

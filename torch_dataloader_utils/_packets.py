@@ -206,9 +206,9 @@ def _unpicklable_value(batch: dict[str, Any]) -> str | None:
 
 def _unpicklable_column(batch: pa.RecordBatch) -> str | None:
     """The first column of ``batch`` that does not pickle, with its Arrow type."""
-    for field, column in zip(batch.schema, batch.columns, strict=True):
-        try:
-            ForkingPickler.dumps(column)
+    for i, field in enumerate(batch.schema):
+        try:  # a type pyarrow has no Python class for raises KeyError already in column()
+            ForkingPickler.dumps(batch.column(i))
         except Exception:
             return f"column {field.name!r} ({field.type})"
     return None

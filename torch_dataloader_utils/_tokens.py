@@ -22,7 +22,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.types as pat
 
-from ._errors import DataSourceError
+from ._args import optional_whole, whole
+from ._errors import DataSourceError, InvalidStateError
 
 __all__ = ["TokenPacking", "TokenPosition", "pack_tokens", "positions_from_bounds"]
 
@@ -68,12 +69,12 @@ class TokenPacking:
     def __post_init__(self) -> None:
         if not isinstance(self.column, str) or not self.column:
             raise TypeError(f"TokenPacking column must be a column name, got {self.column!r}")
-        for name in ("seq_len", "separator", "pad_id"):
-            value = getattr(self, name)
-            if (value is not None or name != "separator") and (
-                not isinstance(value, int | np.integer) or isinstance(value, bool)
-            ):
-                raise TypeError(f"TokenPacking {name} must be an int, got {value!r}")
+        # builtin ints (numpy's taken too): ``setting`` goes into the state
+        object.__setattr__(self, "seq_len", whole("TokenPacking seq_len", self.seq_len))
+        object.__setattr__(
+            self, "separator", optional_whole("TokenPacking separator", self.separator)
+        )
+        object.__setattr__(self, "pad_id", whole("TokenPacking pad_id", self.pad_id))
         if self.seq_len < 1:
             raise ValueError(f"TokenPacking seq_len must be >= 1, got {self.seq_len}")
 
@@ -232,7 +233,8 @@ def _documents(
             f"split {describe(first + 1)}: column {packing.column!r} ({column.type}) holds null "
             f"documents or tokens; packing needs every row to be a list of token ids"
         )
-    values = child.to_numpy()
+    # writable: a read-only view of Arrow's buffer would reach the user without a separator
+    values = child.to_numpy(zero_copy_only=False, writable=packing.separator is None)
     lengths = np.diff(offsets)
     if packing.separator is not None:
         values = np.insert(values, offsets[1:] - offsets[0], packing.separator)
@@ -246,9 +248,10 @@ def _documents(
         for row, count in inside:
             i = row - first
             if count > lengths[i]:
-                raise DataSourceError(
-                    f"split {describe(row + 1)}: the checkpoint delivered {count} tokens of a "
-                    f"document of {lengths[i]}: the file changed since"
+                raise InvalidStateError(
+                    f"state key 'tokens': split {describe(row + 1)}: the checkpoint delivered "
+                    f"{count} tokens of a document of {lengths[i]}: the state is corrupted (or "
+                    f"the file changed without a change to its size or footer)"
                 )
             keep[starts[i] : starts[i] + count] = False
             skipped[i] = count
@@ -266,9 +269,13 @@ def _batch(
     real: int | None = None,
 ) -> dict[str, Any]:
     """One batch of ``tokens`` (whole sequences; after the first ``real``, padding) whose
-    documents start at ``starts``: its parts are the documents cut at sequence boundaries."""
+    documents start at ``starts``: its parts are the documents cut at sequence boundaries.
+
+    Every part holds a token: a start at ``size`` (the padding of a stream whose tokens fill
+    its last batch exactly) would make a zero-length part, which varlen attention refuses.
+    """
     size = len(tokens)
-    parts = np.concatenate((starts, np.arange(0, size, seq_len)))
+    parts = np.concatenate((starts[starts < size], np.arange(0, size, seq_len)))
     parts.sort()
     bounds = np.append(parts[np.append(True, parts[1:] != parts[:-1])], size)
     return {

@@ -70,7 +70,8 @@ class SharedSlots:
 
     ``context`` is the multiprocessing start method the workers use, for the wake-up
     semaphores; the default, ``"spawn"``, makes semaphores that also work in forked and
-    forkserver workers.
+    forkserver workers. ``"fork"`` makes semaphores without a name (unlinked at once), which
+    leave nothing behind when the process is SIGKILLed.
     """
 
     def __init__(
@@ -104,8 +105,9 @@ class SharedSlots:
     def _flags(self) -> np.ndarray:
         return self.control.numpy()
 
-    def begin(self, fresh_epoch: int | None) -> None:
-        """Main process, before workers (re)start: new generation; slots not lent are free.
+    def begin(self, fresh_epoch: int | None) -> int:
+        """Main process, before workers (re)start: new generation (returned, for ``end``);
+        slots not lent are free.
 
         ``fresh_epoch`` is the epoch the iteration starts from its beginning, ``None`` for a
         resume. Slots still viewed by batches of an earlier iteration stay lent until those go.
@@ -120,6 +122,7 @@ class SharedSlots:
             fresh[worker * self.slots + slot] = _BUSY
         flags[_FLAGS:] = fresh  # one store: a lent slot never reads FREE in between
         self._wake_all()
+        return int(flags[_GENERATION])
 
     def fresh_epoch(self) -> int | None:
         """Worker: the epoch this iteration starts afresh, ``None`` when it resumes."""
@@ -129,8 +132,12 @@ class SharedSlots:
     def generation(self) -> int:
         return int(self._flags[_GENERATION])
 
-    def end(self) -> None:
-        """Main process: the iteration is over; workers still waiting for a slot give up."""
+    def end(self, generation: int) -> None:
+        """Main process: the iteration ``begin`` numbered ``generation`` is over; its workers
+        still waiting for a slot give up. A no-op once a newer iteration has begun: an older
+        iterator closed late (``del``, the garbage collector) must not end the running one."""
+        if self._flags[_GENERATION] != generation:
+            return
         self._flags[_GENERATION] += 1
         self._wake_all()
 

@@ -42,7 +42,7 @@ def inspect(args: argparse.Namespace) -> int:
         "checkpoint": args.checkpoint,
         "key": found.key,
         "epoch": first["epoch"],
-        "settings": {key[1:]: first[key] for key in SETTINGS},
+        "settings": {key[1:]: first[key] for key in SETTINGS} | _packing(first),
         "files": first["files"].get("count"),
         "num_splits": first["num_splits"],
         "ranks": [_rank(state) for state in states],
@@ -56,6 +56,11 @@ def inspect(args: argparse.Namespace) -> int:
             code = EXIT_MISMATCH
     emit(report, args.json, _render)
     return code
+
+
+def _packing(state: Mapping[str, Any]) -> Report:
+    """A packed state's packing setting ([column, separator]); nothing when not packed."""
+    return {} if state["_packing"] is None else {"packing": state["_packing"]}
 
 
 def _rank(state: Mapping[str, Any]) -> Report:

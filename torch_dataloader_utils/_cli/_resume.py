@@ -16,9 +16,10 @@ from .._dataset import StructuredDataset
 from .._epoch import Epochs, Progress
 from .._errors import DataLoaderUtilsError
 from .._state import check_shape
+from .._tokens import TokenPacking
 from ._files import BadInput, Found, find_states, read_checkpoint
 
-__all__ = ["SETTINGS", "epochs_for", "epochs_of", "load_states", "paths", "resume"]
+__all__ = ["SETTINGS", "epochs_for", "epochs_of", "load_states", "packing_of", "paths", "resume"]
 
 # The settings a state records: its key, and the command-line option that overrides it.
 SETTINGS = {
@@ -65,8 +66,27 @@ def epochs_for(state: Mapping[str, Any], args: argparse.Namespace, path: Sequenc
         world_size=setting(args, state, "_world_size"),
         even_batches=setting(args, state, "_even_batches"),
         storage_options=args.storage_options,
+        packing=packing_of(state),
     )
     return epochs_of(dataset)
+
+
+def packing_of(state: Mapping[str, Any]) -> TokenPacking | None:
+    """The token packing ``state`` records (``_packing``: its column and separator).
+
+    Those decide which tokens a row makes, so they are all a check of positions needs;
+    ``seq_len`` and ``pad_id`` only shape batches, so any value serves.
+    """
+    recorded = state["_packing"]
+    if recorded is None:
+        return None
+    try:
+        column, separator = recorded
+        return TokenPacking(column, seq_len=1, separator=separator)
+    except (TypeError, ValueError) as exc:
+        raise BadInput(
+            f"state key '_packing' is {recorded!r}, not [column, separator]: {exc}"
+        ) from None
 
 
 def epochs_of(dataset: StructuredDataset) -> Epochs:
