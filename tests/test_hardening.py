@@ -545,3 +545,20 @@ def test_a_chain_of_elastic_resumes_leaves_out_fewer_than_s_rows(tmp_path: Path)
     seen += rows
     assert len(seen) == len(set(seen)), "a row delivered twice"
     assert 97 - len(seen) < 3, f"{97 - len(seen)} rows left out of the epoch"
+
+
+def test_an_elastic_load_refuses_a_state_that_lost_rows_of_its_base(
+    two_files: Path, elastic_state: dict[str, Any]
+):
+    """The fuzzer's find: a state whose ``done``/``partial`` no longer hold what its ``base``
+    delivered (here: emptied) was re-dealt elastically, delivering the base's rows again."""
+    import base64
+    import zlib
+
+    state = copy.deepcopy(elastic_state)
+    zeros = bytes((state["num_splits"] + 7) // 8)
+    state["done"] = base64.b64encode(zlib.compress(zeros)).decode()
+    state["partial"] = []
+    _, dataset = StructuredDataset.create_dataloader(str(two_files), batch_size=8)
+    with pytest.raises(InvalidStateError, match="state key 'base' holds rows that"):
+        dataset.load_state_dict([state], elastic=True)

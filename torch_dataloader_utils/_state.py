@@ -508,7 +508,8 @@ def merge_states(
     merged = Consumed.nothing(len(index.splits))
     cuts: dict[tuple[int, int], int] = {}
     for state in states:
-        delivered, _ = decode(state, index=index, settings=settings, elastic=True)
+        delivered, base = decode(state, index=index, settings=settings, elastic=True)
+        _check_base_delivered(delivered, base, index)
         merged = merged.union(delivered, index.split_rows)
         for key, count in decode_cuts(state, index, delivered).items():
             cuts[key] = max(count, cuts.get(key, 0))
@@ -519,3 +520,19 @@ def merge_states(
                 f"another delivered it whole: the states are not of one step"
             )
     return states[0]["epoch"], merged, cuts
+
+
+def _check_base_delivered(delivered: Consumed, base: Consumed, index: DatasetIndex) -> None:
+    """What a state's ``base`` (an earlier job's, before an elastic resume) records is part of
+    what it delivered: a state where it is not would have those rows delivered again."""
+    if base.is_empty():
+        return
+    union = delivered.union(base, index.split_rows)
+    if np.array_equal(union.done, delivered.done) and dict(union.partial) == dict(
+        delivered.partial
+    ):
+        return
+    raise InvalidStateError(
+        "state key 'base' holds rows that 'done'/'partial' do not: the state is corrupted "
+        "(what an elastic resume's base delivered is part of what the state delivered)"
+    )
