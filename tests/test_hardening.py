@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torch_dataloader_utils import (
+    CheckpointMismatchError,
     DataSourceError,
     InvalidStateError,
     StructuredDataset,
@@ -542,3 +543,19 @@ def test_a_chain_of_elastic_resumes_leaves_out_fewer_than_s_rows(tmp_path: Path)
     seen += rows
     assert len(seen) == len(set(seen)), "a row delivered twice"
     assert 97 - len(seen) < 3, f"{97 - len(seen)} rows left out of the epoch"
+
+
+def test_an_elastic_load_refuses_a_position_moved_back(
+    two_files: Path, elastic_state: dict[str, Any]
+):
+    """The fuzzer's find before state version 4: a state that lost rows its base delivered was
+    re-dealt, delivering them again. In v4 a stream's position moved back (its rows would be
+    dealt again) no longer names the row the plan puts there: refused, elastic or not."""
+    state = copy.deepcopy(elastic_state)
+    entry = state["streams"][0]
+    assert entry[0] > 0
+    entry[0] -= 1
+    for elastic in (True, False):
+        _, dataset = StructuredDataset.create_dataloader(str(two_files), batch_size=8)
+        with pytest.raises(CheckpointMismatchError, match="out of order"):
+            dataset.load_state_dict([state] if elastic else state, elastic=elastic)

@@ -24,7 +24,11 @@ __all__ = ["structural_type", "validate_structure"]
 
 def validate_structure(batch: pa.RecordBatch) -> None:
     """Raise ``pa.ArrowInvalid`` if ``batch`` could make a reader read out of its buffers."""
-    batch.to_struct_array().view(_structural_struct(batch.schema)).validate(full=True)
+    try:
+        kind = _structural_struct(batch.schema)
+    except TypeError:  # a schema with an extension type that does not hash: not cached
+        kind = _structural_struct.__wrapped__(batch.schema)
+    batch.to_struct_array().view(kind).validate(full=True)
 
 
 @lru_cache(maxsize=64)
