@@ -27,7 +27,7 @@ def twelve(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("kwargs", "error", "match"),
     [
         ({"shuffle": True, "shuffle_memory_bytes": 0}, ValueError, "shuffle_memory_bytes must"),
-        ({"shuffle": True, "shuffle_memory_bytes": 2.5}, TypeError, "shuffle_memory_bytes must be an int"),
+        ({"shuffle": True, "shuffle_memory_bytes": 2.5}, TypeError, "must be an int"),
         ({"shuffle": True, "shuffle_memory_bytes": 1000}, ValueError, "below the minimum"),
     ],
 )  # fmt: skip
