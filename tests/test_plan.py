@@ -205,7 +205,7 @@ def test_rows_range_cuts_the_concatenation(items, data):
 
 def _streams(plan: EpochPlan, world_size: int, workers: int) -> list[Pieces]:
     return [
-        plan.stream(World(rank, world_size, worker, workers))
+        plan.stream_share(rank * workers + worker)
         for rank in range(world_size)
         for worker in range(workers)
     ]

@@ -227,10 +227,6 @@ class ShuffledShare:
         )
         return ends
 
-    @property
-    def total(self) -> int:
-        return self.blocks.total
-
     def window_at(self, position: int) -> int:
         """The window holding stream row ``position`` (the last one at the end)."""
         return max(

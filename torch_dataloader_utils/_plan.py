@@ -26,8 +26,6 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from ._world import World
-
 __all__ = [
     "Deal",
     "EpochPlan",
@@ -70,12 +68,6 @@ class Pieces:
     @property
     def rows(self) -> IntArray:
         return self.hi - self.lo
-
-    @classmethod
-    def concat(cls, parts: Sequence[Pieces]) -> Pieces:
-        return cls(
-            *(np.concatenate([getattr(p, f) for p in parts]) for f in ("splits", "lo", "hi"))
-        )
 
     @classmethod
     def empty(cls) -> Pieces:
@@ -317,11 +309,6 @@ class EpochPlan:
             skips=MappingProxyType(skips),
         )  # fmt: skip
 
-    @property
-    def generation(self) -> int:
-        """How many elastic resumes this epoch's plan has been through."""
-        return 0 if self.previous is None else self.previous.generation + 1
-
     def stream_share(self, stream: int) -> Pieces:
         """The pieces stream ``stream`` reads, in order (``streams``: the left-out rows)."""
         if stream == self.deal.streams:
@@ -337,10 +324,6 @@ class EpochPlan:
             bounds = [bounds[0], self.deal.sequence.total]
         lo, hi = bounds
         return {row - lo: tokens for row, tokens in self.skips.items() if lo <= row < hi}
-
-    def stream(self, world: World) -> Pieces:
-        """The pieces stream ``world`` reads, in order."""
-        return self.deal.share(world.rank * self.num_workers + world.worker)
 
     def rank_shares(self, rank: int) -> IntArray:
         """Rows each worker stream of ``rank`` reads."""
