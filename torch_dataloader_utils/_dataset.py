@@ -18,13 +18,18 @@ from ._args import flag, optional_flag, optional_whole, whole
 from ._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetConfig
 from ._convert import warm_up
 from ._epoch import Epochs, Progress, Start
+from ._errors import CheckpointMismatchError
 from ._formats import get_format
 from ._handout import Mark
 from ._index import DatasetIndex, build_index
 from ._log import log
+from ._mix_epochs import AnyProgress, MixedEpochs, MixedProgress, source_seed
+from ._mix_stream import MixedSource
+from ._mixture import Source, check_schemas, mixture_sources
 from ._reader import StreamReader
+from ._schedule import Schedule
 from ._storage import Storage
-from ._stream import StreamSource
+from ._stream import ChunkSource, SourceFiles
 from ._tokens import TokenPacking
 from ._transport import SharedSlots
 from ._world import World, detect_ranks, detect_worker
@@ -72,7 +77,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def __init__(
         self,
-        path: str | Sequence[str],
+        path: str | Sequence[str] | Mapping[str, str | Sequence[str] | Source],
         format: str = "parquet",
         *,
         batch_size: int = 1024,
@@ -90,6 +95,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         even_batches: bool | None = None,
         packing: TokenPacking | None = None,
         share_index: bool = False,
+        weights: Mapping[str, int] | None = None,
+        rows_per_epoch: int | None = None,
+        source_column: str = "source",
     ) -> None:
         super().__init__()
         even = optional_flag("even_batches", even_batches)
@@ -107,17 +115,58 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             drop_last=flag("drop_last", drop_last),
             packing=packing,
         )
-        self._format = get_format(format)
         self._rank, self._world_size = detect_ranks(
             optional_whole("rank", rank, at_least=0),
             optional_whole("world_size", world_size, at_least=1),
         )
         World(self._rank, self._world_size)  # validates the pair
+        even = self._world_size > 1 if even is None else even
+        self._epochs: Epochs | MixedEpochs
+        self._opened: tuple[SourceFiles, ...]
+        if isinstance(path, Mapping):
+            self._epochs, self._opened = self._mixture(
+                path, weights, config, storage_options, share_index, even,
+                rows_per_epoch=optional_whole("rows_per_epoch", rows_per_epoch, at_least=1),
+                source_column=source_column,
+            )  # fmt: skip
+        else:
+            if weights is not None or rows_per_epoch is not None:
+                raise TypeError(
+                    "weights= and rows_per_epoch= are for a mixture: pass path as a mapping "
+                    "of source names to paths (docs/mixing.md)"
+                )
+            index, opened = self._source(path, config, storage_options, share_index)
+            self._epochs = Epochs(
+                index=index,
+                config=config,
+                rank=self._rank,
+                world_size=self._world_size,
+                even_batches=even,
+            )
+            self._opened = (opened,)
+        if packing is not None:
+            packing.check(self._epochs.schema)
+        warm_up(self._epochs.schema, config.output)
+        self._loader_workers: int | None = None  # the num_workers of our loader, once known
+        self._start = Start.fresh(0)
+        self._handoff: Iteration | None = None  # the iteration our loader is starting
+        self._progress: AnyProgress | None = None
+        self._resumed = False
+
+    def _source(
+        self,
+        path: str | Sequence[str],
+        config: DatasetConfig,
+        storage_options: Mapping[str, Any] | None,
+        share_index: bool,
+    ) -> tuple[DatasetIndex, SourceFiles]:
+        """The index of one dataset's files, and how to read them."""
         first = path if isinstance(path, str) else next(iter(path), "")
-        self._storage = Storage(first, storage_options)
+        storage = Storage(first, storage_options)
+        fmt = get_format(config.format)
         index = build_index(
-            self._storage,
-            self._format,
+            storage,
+            fmt,
             path,
             config.read_columns,
             config.split_bytes,
@@ -125,26 +174,73 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             rank=self._rank if share_index else 0,
             world_size=self._world_size if share_index else 1,
         )
-        if packing is not None:
-            packing.check(index.schema)
-        warm_up(index.schema, config.output)
-        self._epochs = Epochs(
-            index=index,
+        files = SourceFiles(
+            storage=storage,
+            fmt=fmt,
+            columns=config.read_columns,
+            memory_bytes=config.shuffle_memory_bytes,
+        )
+        return index, files
+
+    def _mixture(
+        self,
+        paths: Mapping[str, str | Sequence[str] | Source],
+        weights: Mapping[str, int] | None,
+        config: DatasetConfig,
+        storage_options: Mapping[str, Any] | None,
+        share_index: bool,
+        even: bool,
+        *,
+        rows_per_epoch: int | None,
+        source_column: str,
+    ) -> tuple[MixedEpochs, tuple[SourceFiles, ...]]:
+        """The epochs of a mixture of ``paths`` and how to read each source."""
+        if config.packing is not None:
+            raise ValueError(
+                "packing a mixture is not supported yet (docs/mixing.md): mix rows, or pack "
+                "one source"
+            )
+        specs = mixture_sources(
+            paths, weights, format=config.format, storage_options=storage_options,
+            split_bytes=config.split_bytes,
+        )  # fmt: skip
+        sources, files = [], []
+        for spec in specs:
+            own = replace(
+                config, format=spec.format, split_bytes=spec.split_bytes,
+                shuffle_seed=source_seed(config.shuffle_seed, spec.name),
+            )  # fmt: skip
+            index, opened = self._source(spec.path, own, spec.storage_options, share_index)
+            sources.append(
+                Epochs(index=index, config=own, rank=self._rank, world_size=self._world_size,
+                       even_batches=False)
+            )  # fmt: skip
+            files.append(opened)
+        names = tuple(spec.name for spec in specs)
+        check_schemas(names, [epochs.index.schema for epochs in sources])
+        if source_column in sources[0].index.schema.names:
+            raise ValueError(
+                f"the sources have a column {source_column!r}, the name of the column that "
+                f"tells each row's source: pass source_column= another name"
+            )
+        total = sum(int(epochs.index.split_rows.sum()) for epochs in sources)
+        mix = MixedEpochs(
+            names=names,
+            sources=tuple(sources),
+            schedule=Schedule(tuple(spec.weight for spec in specs)),
             config=config,
             rank=self._rank,
             world_size=self._world_size,
-            even_batches=self._world_size > 1 if even is None else even,
+            even_batches=even,
+            rows_per_epoch=total if rows_per_epoch is None else rows_per_epoch,
+            source_column=source_column,
         )
-        self._loader_workers: int | None = None  # the num_workers of our loader, once known
-        self._start = Start.fresh(0)
-        self._handoff: Iteration | None = None  # the iteration our loader is starting
-        self._progress: Progress | None = None
-        self._resumed = False
+        return mix, tuple(files)
 
     @classmethod
     def create_dataloader(
         cls,
-        path: str | Sequence[str],
+        path: str | Sequence[str] | Mapping[str, str | Sequence[str] | Source],
         format: str = "parquet",
         *,
         batch_size: int = 1024,
@@ -163,6 +259,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         even_batches: bool | None = None,
         packing: TokenPacking | None = None,
         share_index: bool = False,
+        weights: Mapping[str, int] | None = None,
+        rows_per_epoch: int | None = None,
+        source_column: str = "source",
         **dataloader_kwargs: Any,
     ) -> tuple[StructuredDataLoader, StructuredDataset]:
         """``(loader, dataset)``: the loader records what it hands out and resumes exactly."""
@@ -188,6 +287,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             even_batches=even_batches,
             packing=packing,
             share_index=share_index,
+            weights=weights,
+            rows_per_epoch=rows_per_epoch,
+            source_column=source_column,
         )
         return StructuredDataLoader(dataset, num_workers=num_workers, **dataloader_kwargs), dataset
 
@@ -215,7 +317,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
     def state_dict(self) -> dict[str, Any]:
         """What the training loop has been handed in this epoch, by content (JSON-safe)."""
         if self._progress is not None:
-            return self._epochs.encode(self._progress)
+            return _encoded(self._epochs, self._progress)
         return self._start_state(self._start)
 
     def _start_state(self, start: Start) -> dict[str, Any]:
@@ -236,6 +338,12 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         workers = self._known_workers()
         if flag("elastic", elastic):
             states = [state] if isinstance(state, Mapping) else list(state)
+            if isinstance(self._epochs, MixedEpochs):
+                raise CheckpointMismatchError(
+                    "an elastic resume of a mixture is not supported yet (docs/mixing.md): "
+                    "resume it with the world_size and num_workers it was saved with",
+                    field="elastic",
+                )
             start = self._epochs.load_elastic(states, workers or 0)
         elif isinstance(state, Mapping):
             start = self._epochs.load(state, workers)
@@ -273,6 +381,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     @property
     def _index(self) -> DatasetIndex:
+        """The index of a dataset of one source (tests and tools look at it)."""
+        assert isinstance(self._epochs, Epochs)
         return self._epochs.index
 
     def _known_workers(self) -> int | None:
@@ -321,7 +431,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def _batch_bytes(self) -> int:
         """About how many bytes a batch holds (to size our loader's shared memory)."""
-        return self._epochs.config.batch_bytes(self._epochs.index.schema)
+        return self._epochs.config.batch_bytes(self._epochs.schema)
 
     def _mark(self) -> Mark:
         """Where delivery stands now (before our loader hands out its next batch)."""
@@ -339,10 +449,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         """The state dict as it was at ``mark``."""
         if mark.progress is None:
             return self._start_state(mark.start)
-        then = replace(
-            mark.progress, positions=dict(mark.positions), cursor=mark.cursor, _entries={}
-        )
-        return self._epochs.encode(then)
+        then = replace(mark.progress, positions=dict(mark.positions), cursor=mark.cursor)
+        then._entries = {}
+        return _encoded(self._epochs, then)
 
     @property
     def _next_start(self) -> Start:
@@ -350,7 +459,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         return self._start
 
     @contextmanager
-    def _iteration(self, num_workers: int, slots: SharedSlots | None = None) -> Iterator[Progress]:
+    def _iteration(
+        self, num_workers: int, slots: SharedSlots | None = None
+    ) -> Iterator[AnyProgress]:
         """Main process: the progress of the iteration that starts inside the block (its
         workers forked there, or, without workers, the ``iter()`` the DataLoader calls there).
 
@@ -368,30 +479,28 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             self._start = Start.fresh(self.epoch)
             self._resumed = False
 
-    def _deliver(self, worker: int, progress: Progress, read_ahead: int = 0) -> Iterator[Any]:
+    def _deliver(self, worker: int, progress: AnyProgress, read_ahead: int = 0) -> Iterator[Any]:
         """Batches of one stream, recording each position before handing the batch out."""
         for batch, position in self._reader(progress, worker).batches(read_ahead=read_ahead):
             progress.record(worker, position, cursor=0)
             yield batch
 
-    def _describe_stream(self, progress: Progress, worker: int, position: int) -> str:
+    def _describe_stream(self, progress: AnyProgress, worker: int, position: int) -> str:
         """The split(s) of stream ``worker`` that hold the rows just before ``position``."""
-        return progress.orders[worker].describe_at(position)
+        return self._reader(progress, worker).source.describe_at(position)
 
-    def _reader(self, progress: Progress, worker: int) -> StreamReader:
+    def _reader(self, progress: AnyProgress, worker: int) -> StreamReader:
         config = self._epochs.config
-        source = StreamSource(
-            order=progress.orders[worker],
-            storage=self._storage,
-            fmt=self._format,
-            columns=config.read_columns,
-            memory_bytes=config.shuffle_memory_bytes,
-        )
+        source: ChunkSource
+        if isinstance(progress, MixedProgress):
+            source = MixedSource(progress, worker, self._opened)
+        else:
+            source = self._opened[0].stream(progress.orders[worker])
         return StreamReader(
             source=source,
             config=config,
             start=progress.positions[worker],
-            skips=progress.skips.get(worker, {}),
+            skips=progress.skips.get(worker, {}) if isinstance(progress, Progress) else {},
         )
 
 
@@ -416,7 +525,22 @@ _NOT_OUR_LOADER = (
 )
 
 
-def _log_start(progress: Progress) -> None:
+def _encoded(epochs: Epochs | MixedEpochs, progress: AnyProgress) -> dict[str, Any]:
+    """The state dict of ``progress``."""
+    if isinstance(progress, MixedProgress):
+        return progress.mix.encode(progress)
+    assert isinstance(epochs, Epochs)
+    return epochs.encode(progress)
+
+
+def _log_start(progress: AnyProgress) -> None:
+    if isinstance(progress, MixedProgress):
+        log.info(
+            "mixture %s, epoch %d: rank %d starts at positions %s of its %d stream(s)",
+            progress.mix.weights, progress.epoch, progress.mix.rank,
+            list(progress.positions.values()), len(progress.positions),
+        )  # fmt: skip
+        return
     plan = progress.plan
     settings = progress.settings
     left_out = progress.left_out()

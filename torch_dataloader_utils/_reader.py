@@ -14,7 +14,7 @@ from ._config import DatasetConfig
 from ._convert import convert
 from ._errors import DataSourceError
 from ._packets import batch_parts, chunk_parts, run_sizes, send
-from ._stream import Position, Run, StreamSource, read_stream, stream_chunks
+from ._stream import ChunkSource, Position, Run, read_stream
 from ._tokens import pack_tokens, positions_from_bounds
 from ._transport import Derived, Packet, SharedSlots
 
@@ -28,7 +28,7 @@ class StreamReader:
     ``skips`` (packed streams): tokens of rows of the share delivered by an earlier iteration.
     """
 
-    source: StreamSource
+    source: ChunkSource
     config: DatasetConfig
     start: Position
     skips: Mapping[int, int] = field(default_factory=dict)
@@ -40,7 +40,7 @@ class StreamReader:
             for out, position in self._packed(read_ahead):
                 yield (out if transform is None else transform(out)), position
             return
-        copy = copy and not self.source.fmt.decodes_into_new_memory
+        copy = copy and not self.source.decodes_into_new_memory
         for run in self._runs(itertools.repeat(1), read_ahead=read_ahead):
             run.chunks = [run.batch()]
             (out,) = self._converted(run, copy)
@@ -49,7 +49,7 @@ class StreamReader:
     def packets(self, slots: SharedSlots, worker: int) -> Iterator[Packet]:
         """The stream as packets for ``StructuredDataLoader``; the last (maybe empty) ends it."""
         if self.config.transform is None and self.config.packing is None:
-            batch_bytes = self.config.batch_bytes(self.source.index.schema)
+            batch_bytes = self.config.batch_bytes(self.source.schema)
             runs = self._runs(run_sizes(batch_bytes, slots.slot_bytes))
             # Tensors may view Arrow's buffers: packing copies them into the slot; list
             # columns become nested tensors in the main process, batch by batch.
@@ -69,7 +69,7 @@ class StreamReader:
         make again from ``cu_seqlens``."""
         packing = self.config.packing
         assert packing is not None
-        chunks = stream_chunks(self.source, start=self.start, min_rows=1, read_ahead=read_ahead)
+        chunks = self.source.chunks(self.start, 1, read_ahead)
         packed = pack_tokens(
             chunks,
             packing=packing,

@@ -59,6 +59,7 @@ __all__ = [
     "check_shape",
     "decode",
     "encode",
+    "encode_stream",
     "merge_states",
     "misplaced",
     "stored_split",
@@ -160,13 +161,13 @@ def encode(
             "root": index.root,  # where the names were relative to, for messages only
         },
         "num_splits": len(index.splits),
-        "streams": [_encode_stream(e, index) for e in streams],
+        "streams": [encode_stream(e, index) for e in streams],
         "generations": [_encode_generation(g) for g in generations],
         "cursor": cursor,
     }
 
 
-def _encode_stream(entry: StreamEntry | None, index: DatasetIndex) -> list[Any] | None:
+def encode_stream(entry: StreamEntry | None, index: DatasetIndex) -> list[Any] | None:
     if entry is None:
         return None
     head = [entry.position, entry.tokens, entry.rows]

@@ -14,7 +14,7 @@ import bisect
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +30,7 @@ from ._prefetch import prefetch
 from ._remote import WINDOW, Group, Key, PieceReads, ReadAhead, RemoteObject, plan_groups
 from ._storage import Storage
 
-__all__ = ["Position", "Run", "StreamSource", "read_stream", "stream_chunks"]
+__all__ = ["ChunkSource", "Position", "Run", "SourceFiles", "StreamSource", "read_stream"]
 
 Position = int
 
@@ -45,6 +45,27 @@ _MAX_READ_ROWS = 65_536
 _MIN_LANE_BYTES = 2**20
 # Rows gathered from a shuffle window at a time (at least a batch).
 _GATHER_ROWS = 16_384
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceFiles:
+    """How to read one dataset's files: where they are, their format, the columns read, and
+    the shuffle's memory budget per stream."""
+
+    storage: Storage
+    fmt: FileFormat
+    columns: tuple[str, ...] | None
+    memory_bytes: int
+
+    def stream(self, order: StreamOrder) -> StreamSource:
+        """The stream of ``order`` over these files."""
+        return StreamSource(
+            order=order,
+            storage=self.storage,
+            fmt=self.fmt,
+            columns=self.columns,
+            memory_bytes=self.memory_bytes,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,8 +86,27 @@ class StreamSource:
     def total(self) -> int:
         return self.order.total
 
+    @property
+    def schema(self) -> pa.Schema:
+        return self.index.schema
+
+    @property
+    def decodes_into_new_memory(self) -> bool:
+        return self.fmt.decodes_into_new_memory
+
     def describe_at(self, position: Position) -> str:
         return self.order.describe_at(position)
+
+    def chunks(
+        self, start: Position, min_rows: int, read_ahead: int = 0
+    ) -> Iterator[tuple[pa.RecordBatch, int]]:
+        """Decoded chunks of at least ``min_rows`` rows from ``start``, each with the position
+        after its last row; with ``read_ahead`` > 0 decoded ahead in a thread (shuffled: the
+        next window read while this one is handed out)."""
+        chunks = _chunks(self, start, self.read_rows(min_rows), read_ahead)
+        if read_ahead and self.order.shuffled is None:
+            return prefetch(chunks, read_ahead)
+        return chunks
 
     def older(self, stream: int) -> StreamSource:
         """Stream ``stream`` of the previous deal, whose rest this stream was dealt."""
@@ -82,8 +122,29 @@ class StreamSource:
         return int(np.clip(self.memory_bytes // 8, _MIN_LANE_BYTES, WINDOW))
 
 
+class ChunkSource(Protocol):
+    """What a stream reader reads: one dataset's stream, or a mixture's."""
+
+    @property
+    def schema(self) -> pa.Schema: ...
+
+    @property
+    def decodes_into_new_memory(self) -> bool: ...
+
+    @property
+    def total(self) -> int: ...
+
+    def describe_at(self, position: Position) -> str: ...
+
+    def read_rows(self, batch_size: int) -> int: ...
+
+    def chunks(
+        self, start: Position, min_rows: int, read_ahead: int = 0
+    ) -> Iterator[tuple[pa.RecordBatch, int]]: ...
+
+
 def read_stream(
-    source: StreamSource,
+    source: ChunkSource,
     *,
     start: Position,
     batch_size: int,
@@ -97,7 +158,7 @@ def read_stream(
     decodes that many chunks ahead. With ``drop_last`` the last full batch stands for the end
     of the stream, so a checkpoint after it records the dropped rows as consumed.
     """
-    chunks = stream_chunks(source, start=start, min_rows=batch_size, read_ahead=read_ahead)
+    chunks = source.chunks(start, batch_size, read_ahead)
     end = source.total
     last_full = start + (end - start) // batch_size * batch_size
     return _runs(
@@ -107,18 +168,6 @@ def read_stream(
         sizes=iter(run_sizes),
         last_full=(last_full, end) if drop_last else None,
     )
-
-
-def stream_chunks(
-    source: StreamSource, *, start: Position, min_rows: int, read_ahead: int = 0
-) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """Decoded chunks of at least ``min_rows`` rows from ``start``, each with the position
-    after its last row; with ``read_ahead`` > 0 decoded ahead in a thread (shuffled: the next
-    window read while this one is handed out)."""
-    chunks = _chunks(source, start, source.read_rows(min_rows), read_ahead)
-    if read_ahead and source.order.shuffled is None:
-        return prefetch(chunks, read_ahead)
-    return chunks
 
 
 def _chunks(
