@@ -23,7 +23,8 @@ from ._formats import get_format
 from ._handout import Mark
 from ._index import DatasetIndex, build_index
 from ._log import log
-from ._mix_epochs import AnyProgress, MixedEpochs, MixedProgress, source_seed
+from ._mix_epochs import AnyProgress, MixedEpochs, MixedProgress, Timeline, source_seed
+from ._mix_state import encode_mixture, load_mixture
 from ._mix_stream import MixedSource
 from ._mixture import Source, check_schemas, mixture_sources
 from ._reader import StreamReader
@@ -224,15 +225,18 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 f"tells each row's source: pass source_column= another name"
             )
         total = sum(int(epochs.index.split_rows.sum()) for epochs in sources)
+        timeline = Timeline(
+            names,
+            Schedule(tuple(spec.weight for spec in specs)),
+            total if rows_per_epoch is None else rows_per_epoch,
+        )
         mix = MixedEpochs(
-            names=names,
+            timeline=timeline,
             sources=tuple(sources),
-            schedule=Schedule(tuple(spec.weight for spec in specs)),
             config=config,
             rank=self._rank,
             world_size=self._world_size,
             even_batches=even,
-            rows_per_epoch=total if rows_per_epoch is None else rows_per_epoch,
             source_column=source_column,
         )
         return mix, tuple(files)
@@ -324,19 +328,30 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         workers = self._known_workers()
         if start.checkpoint_workers is not None:
             workers = start.checkpoint_workers
+        if isinstance(self._epochs, MixedEpochs):
+            return encode_mixture(self._epochs, self._epochs.begin(start, workers or 0))
         return self._epochs.encode_start(start, workers or 0)
 
     def load_state_dict(
-        self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, elastic: bool = False
+        self,
+        state: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        elastic: bool = False,
+        reweight: bool = False,
     ) -> None:
         """Continue from ``state`` at the next iteration; call before iterating.
 
         ``elastic=True`` takes the list of every old rank's state (or one state) and re-deals
         what they had not delivered to the current ranks and workers: each row exactly once,
         in a different order. Raises ``CheckpointMismatchError`` when files or settings differ.
+        ``reweight=True`` (a mixture) continues a state saved under other weights, sources or
+        ``rows_per_epoch`` under the current ones, each source from where it stood.
         """
         workers = self._known_workers()
-        if flag("elastic", elastic):
+        reweight = flag("reweight", reweight)
+        if isinstance(self._epochs, MixedEpochs) and isinstance(state, Mapping) and not elastic:
+            start, self._epochs = load_mixture(self._epochs, state, workers, reweight=reweight)
+        elif flag("elastic", elastic):
             states = [state] if isinstance(state, Mapping) else list(state)
             if isinstance(self._epochs, MixedEpochs):
                 raise CheckpointMismatchError(
@@ -346,6 +361,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 )
             start = self._epochs.load_elastic(states, workers or 0)
         elif isinstance(state, Mapping):
+            assert isinstance(self._epochs, Epochs)
             start = self._epochs.load(state, workers)
         else:
             raise TypeError(
@@ -528,7 +544,7 @@ _NOT_OUR_LOADER = (
 def _encoded(epochs: Epochs | MixedEpochs, progress: AnyProgress) -> dict[str, Any]:
     """The state dict of ``progress``."""
     if isinstance(progress, MixedProgress):
-        return progress.mix.encode(progress)
+        return encode_mixture(progress.mix, progress)
     assert isinstance(epochs, Epochs)
     return epochs.encode(progress)
 

@@ -162,11 +162,15 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         return self.dataset._state_at(mark)
 
     def load_state_dict(
-        self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, elastic: bool = False
+        self,
+        state: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        elastic: bool = False,
+        reweight: bool = False,
     ) -> None:
         """Continue from ``state`` at the next iteration (see ``StructuredDataset``)."""
         try:
-            self.dataset.load_state_dict(state, elastic=elastic)
+            self.dataset.load_state_dict(state, elastic=elastic, reweight=reweight)
         except CheckpointMismatchError as exc:
             if exc.field == "rank":
                 exc.add_note(_ANOTHER_RANKS_STATE)

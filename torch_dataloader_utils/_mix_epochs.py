@@ -7,36 +7,43 @@ epoch ``n // q``, ``q`` being its share of one epoch of ``s`` (each source is de
 streams as a dataset of its own, every row once, in the source's own shuffled order keyed by
 its name). A mixture epoch is a stretch of ``L`` positions of every stream (``rows_per_epoch``
 dealt to the streams): epoch ``m`` covers ``[m L, (m + 1) L)``, so a stream's position in the
-epoch fixes, in closed form, every source's epoch and row. Nothing here reads files.
+epoch fixes, in closed form, every source's epoch and row.
+
+A state loaded with ``reweight=True`` under other weights, sources or ``rows_per_epoch`` starts
+a *segment*: from each stream's position then, the new schedule counts on from the rows of
+each source read before it, so no row of a source is read twice or skipped. Nothing here reads
+files.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from types import MappingProxyType
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 
 from ._config import DatasetConfig
 from ._epoch import Epochs, Progress, Start
-from ._errors import CheckpointMismatchError, InvalidStateError
+from ._errors import InvalidStateError
 from ._order import StreamOrder
 from ._plan import Deal, IntArray, Pieces
 from ._schedule import Schedule
-from ._state import (
-    STATE_VERSION,
-    StreamEntry,
-    check_setting,
-    decode,
-    encode_stream,
-    misplaced,
-)
+from ._state import StreamEntry, check_setting
 
-__all__ = ["AnyProgress", "MixedEpochs", "MixedProgress", "SourcePlace", "source_seed"]
-
+__all__ = [
+    "AnyProgress",
+    "MixedEpochs",
+    "MixedProgress",
+    "Segment",
+    "SourcePlace",
+    "Timeline",
+    "source_seed",
+]
 
 # Stream orders a mixture keeps: a few per source and stream (its epoch and the next).
 _KEPT_ORDERS = 256
@@ -55,6 +62,54 @@ class SourcePlace:
     epoch: int
     order: StreamOrder
     offset: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Where the current schedule took over: the mixture epoch then, each worker stream's
+    position in it (``()``: all 0), and the rows of each source it had read (a source not
+    named: none). The origin until a state is loaded with ``reweight=True``."""
+
+    epoch: int = 0
+    positions: tuple[int, ...] = ()
+    counts: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Which source each position of each stream reads: the sources' names and schedule, the
+    positions of an epoch, and the segment the schedule counts from."""
+
+    names: tuple[str, ...]
+    schedule: Schedule
+    rows_per_epoch: int
+    segment: Segment = Segment()
+
+    @cached_property
+    def weights(self) -> dict[str, int]:
+        return dict(zip(self.names, self.schedule.weights, strict=True))
+
+    def offset(self, length: int, worker: int, epoch: int, position: int) -> int:
+        """Position ``position`` of epoch ``epoch`` of stream ``worker`` (of epochs of
+        ``length`` positions) as a position of the schedule, which starts at the segment."""
+        segment = self.segment
+        begin = segment.positions[worker] if segment.positions else 0
+        offset = (epoch - segment.epoch) * length + position - begin
+        if offset < 0:
+            raise ValueError(
+                f"epoch {epoch} position {position} of worker {worker} comes before the mixture "
+                f"changed (epoch {segment.epoch}, position {begin}): those rows were read under "
+                f"the earlier weights; continue with epoch {segment.epoch} or a later one"
+            )
+        return offset
+
+    def counts(self, length: int, worker: int, epoch: int, position: int) -> IntArray:
+        """Rows of each source stream ``worker`` has read after ``position`` positions of
+        epoch ``epoch``."""
+        counts = self.schedule.counts(self.offset(length, worker, epoch, position))
+        segment = self.segment
+        base = [segment.counts[n][worker] if n in segment.counts else 0 for n in self.names]
+        return np.array(base, dtype=np.int64) + counts
 
 
 @dataclass
@@ -78,17 +133,23 @@ class MixedProgress:
     def stream(self, worker: int) -> int:
         return self.mix.rank * max(1, self.num_workers) + worker
 
-    def absolute(self, worker: int, position: int) -> int:
-        """The stream's position in its whole mixed sequence."""
-        length = int(self.mix.epoch_lengths(self.num_workers)[self.stream(worker)])
-        return self.epoch * length + position
+    def length(self, worker: int) -> int:
+        """Positions of this epoch for stream ``worker``."""
+        return int(self.mix.epoch_lengths(self.num_workers)[self.stream(worker)])
+
+    def counts(self, worker: int, position: int) -> IntArray:
+        return self.mix.timeline.counts(self.length(worker), worker, self.epoch, position)
+
+    def sources(self, worker: int, start: int, stop: int) -> npt.NDArray[np.int16]:
+        """The source of each of positions ``[start, stop)`` of stream ``worker``."""
+        offset = self.mix.timeline.offset(self.length(worker), worker, self.epoch, start)
+        return self.mix.timeline.schedule.sources(offset, offset + stop - start)
 
     def places(self, worker: int, position: int) -> list[SourcePlace]:
         """Where stream ``worker`` stands in each source after ``position`` rows of the epoch."""
-        counts = self.mix.schedule.counts(self.absolute(worker, position))
         return [
             self.mix.place(s, self.stream(worker), int(n), self.num_workers)
-            for s, n in enumerate(counts.tolist())
+            for s, n in enumerate(self.counts(worker, position).tolist())
         ]
 
     def entries(self, worker: int) -> list[tuple[int, StreamEntry]]:
@@ -110,20 +171,26 @@ class MixedProgress:
 @dataclass(frozen=True, kw_only=True)
 class MixedEpochs:
     """The pure part of a mixture: its sources' ``Epochs`` (each dealt to the job's streams,
-    never evened), its schedule and the positions per epoch."""
+    never evened, in the order of ``timeline.names``) and its timeline."""
 
-    names: tuple[str, ...]
+    timeline: Timeline
     sources: tuple[Epochs, ...]
-    schedule: Schedule
     config: DatasetConfig
     rank: int
     world_size: int
     even_batches: bool
-    rows_per_epoch: int
     source_column: str
     _orders: dict[tuple[int, int, int, int], StreamOrder] = field(
         default_factory=dict, compare=False, repr=False
     )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.timeline.names
+
+    @property
+    def weights(self) -> dict[str, int]:
+        return self.timeline.weights
 
     @cached_property
     def schema(self) -> pa.Schema:
@@ -132,15 +199,15 @@ class MixedEpochs:
         schema = self.sources[0].index.schema
         return schema.append(pa.field(self.source_column, pa.int64(), nullable=False))
 
-    @cached_property
-    def weights(self) -> dict[str, int]:
-        return dict(zip(self.names, self.schedule.weights, strict=True))
+    def following(self, timeline: Timeline) -> MixedEpochs:
+        """This mixture under ``timeline`` (a loaded state's)."""
+        return replace(self, timeline=timeline, _orders={})
 
     def epoch_lengths(self, num_workers: int) -> IntArray:
         """Positions of a mixture epoch, per stream of the job: ``rows_per_epoch`` dealt."""
-        return _lengths(
-            self.rows_per_epoch, self.world_size, max(1, num_workers), self.even_batches
-        )
+        workers = max(1, num_workers)
+        rows = self.timeline.rows_per_epoch
+        return Deal(Pieces.of([(0, 0, rows)]), self.world_size, workers, self.even_batches).shares
 
     def place(self, source: int, stream: int, ordinal: int, num_workers: int) -> SourcePlace:
         """Where row ``ordinal`` of source ``source`` is for stream ``stream``."""
@@ -180,6 +247,11 @@ class MixedEpochs:
             check_setting(
                 "num_workers", start.checkpoint_workers, num_workers, start.checkpoint_split
             )
+        segment = self.timeline.segment
+        if segment.positions and len(segment.positions) != streams:
+            check_setting(
+                "num_workers", len(segment.positions), streams, "(where the mixture changed)"
+            )
         for s in range(len(self.sources)):  # every stream must read every source
             self.share(s, self.world_size * streams - 1, num_workers)
         progress = MixedProgress(self, start.epoch, num_workers, cursor=start.cursor)
@@ -191,6 +263,7 @@ class MixedEpochs:
                     f"worker's copy of the dataset; save the state through the loader"
                 )
             progress.positions[worker] = int(position)
+            progress.counts(worker, int(position))  # not before the segment
         return progress
 
     def batches(self, start: Start, num_workers: int) -> int:
@@ -201,166 +274,11 @@ class MixedEpochs:
         per_stream = rows // size if self.config.drop_last else -(-rows // size)
         return int(per_stream.sum())
 
-    # ----------------------------------------------------------------- states
-
-    def encode(self, progress: MixedProgress) -> dict[str, Any]:
-        streams = max(1, progress.num_workers)
-        positions: list[int | None] = []
-        per_source: list[list[tuple[int, StreamEntry] | None]] = [[] for _ in self.sources]
-        for worker in range(streams):
-            if worker not in progress.positions:
-                positions.append(None)
-                for entries in per_source:
-                    entries.append(None)
-                continue
-            positions.append(progress.positions[worker])
-            for s, entry in enumerate(progress.entries(worker)):
-                per_source[s].append(entry)
-        sources = {}
-        for s, (name, epochs) in enumerate(zip(self.names, self.sources, strict=True)):
-            known = next((e for e in per_source[s] if e is not None), None)
-            epoch = 0 if known is None else known[0]
-            sub = Progress(
-                epochs.plan(Start.fresh(epoch), progress.num_workers),
-                epochs.settings(progress.num_workers), {}, (),
-            )  # fmt: skip
-            state = epochs.encode(sub)
-            state["streams"] = [
-                None if e is None else encode_stream(e[1], epochs.index) for e in per_source[s]
-            ]
-            sources[name] = state
-        return {
-            "version": STATE_VERSION,
-            "epoch": progress.epoch,
-            "_mixture": {"weights": self.weights, "rows_per_epoch": self.rows_per_epoch},
-            "_num_workers": progress.num_workers,
-            "_rank": self.rank,
-            "_world_size": self.world_size,
-            "_even_batches": self.even_batches,
-            "streams": positions,
-            "cursor": progress.cursor,
-            "sources": sources,
-        }
-
-    def encode_start(self, start: Start, num_workers: int) -> dict[str, Any]:
-        return self.encode(self.begin(start, num_workers))
-
-    def load(self, state: Mapping[str, Any], num_workers: int | None) -> Start:
-        """The start a mixture's checkpoint describes, validated source by source."""
-        _check_mixture_shape(state)
-        workers = state["_num_workers"] if num_workers is None else num_workers
-        split = f"of source {self.names[0]!r}"
-        for name, (expected, found) in {
-            "world_size": (state["_world_size"], self.world_size),
-            "rank": (state["_rank"], self.rank),
-            "even_batches": (state["_even_batches"], self.even_batches),
-            "num_workers": (state["_num_workers"], workers),
-        }.items():
-            check_setting(name, expected, found, split)
-        self._check_mixture(state["_mixture"], state["sources"])
-        start = Start(
-            epoch=state["epoch"],
-            positions=tuple(state["streams"]),
-            cursor=state["cursor"],
-            checkpoint_workers=state["_num_workers"],
-            checkpoint_split=split,
-        )
-        progress = self.begin(start, workers)
-        for s, (name, epochs) in enumerate(zip(self.names, self.sources, strict=True)):
-            sub = state["sources"][name]
-            try:
-                decoded = decode(sub, index=epochs.index, settings=epochs.settings(workers))
-            except CheckpointMismatchError as exc:
-                raise _in_source(exc, name) from exc
-            self._check_places(progress, s, decoded.streams)
-        return start
-
-    def _check_mixture(self, stored: Mapping[str, Any], sources: Mapping[str, Any]) -> None:
-        if list(sources) != list(self.names) or stored.get("weights") != self.weights:
-            raise CheckpointMismatchError(
-                f"this checkpoint's mixture is {stored.get('weights')!r}, the current one "
-                f"{self.weights!r}: a position of the mixture reads other sources under other "
-                f"weights or sources, so the checkpoint cannot be continued exactly."
-                f"\nLikely cause: weights or sources changed: checkpoint="
-                f"{stored.get('weights')!r}, current={self.weights!r}",
-                split=f"mixture {list(sources)}", field="weights",
-                expected=stored.get("weights"), found=self.weights,
-            )  # fmt: skip
-        if stored.get("rows_per_epoch") != self.rows_per_epoch:
-            check_setting(
-                "rows_per_epoch", stored.get("rows_per_epoch"), self.rows_per_epoch,
-                f"mixture {list(sources)}",
-            )  # fmt: skip
-
-    def _check_places(
-        self, progress: MixedProgress, source: int, entries: Sequence[StreamEntry | None]
-    ) -> None:
-        """The state's place of each stream in ``source`` is where its position puts it."""
-        streams = max(1, progress.num_workers)
-        if len(entries) != streams:
-            raise InvalidStateError(
-                f"state key 'sources.{self.names[source]}.streams' holds {len(entries)} "
-                f"entries for {streams} stream(s): the state is corrupted"
-            )
-        for worker, entry in enumerate(entries):
-            if entry is None or worker not in progress.positions:
-                continue
-            place = progress.places(worker, progress.positions[worker])[source]
-            if (entry.position, entry.rows, entry.next_row) != (
-                place.offset,
-                place.order.total,
-                place.order.row_at(place.offset),
-            ):
-                index = self.sources[source].index
-                where = "the end of a share"
-                if entry.next_row is not None:
-                    where = f"{index.describe(entry.next_row[0])} row {entry.next_row[1]}"
-                settings = self.sources[source].settings(progress.num_workers)
-                raise _in_source(misplaced(where, settings, worker), self.names[source])
-
-
-def _lengths(rows: int, world_size: int, workers: int, even: bool) -> IntArray:
-    deal = Deal(Pieces.of([(0, 0, rows)]), world_size, workers, even)
-    return deal.shares
-
-
-def _in_source(exc: CheckpointMismatchError, name: str) -> CheckpointMismatchError:
-    """``exc`` naming the mixture's source it is about."""
-    return CheckpointMismatchError(
-        f"source {name!r}: {exc}", split=exc.split, field=exc.field, expected=exc.expected,
-        found=exc.found,
-    )  # fmt: skip
-
-
-_MIXTURE_KEYS: dict[str, type] = {
-    "version": int, "epoch": int, "_mixture": dict, "_num_workers": int, "_rank": int,
-    "_world_size": int, "_even_batches": bool, "streams": list, "cursor": int, "sources": dict,
-}  # fmt: skip
-
-
-def _check_mixture_shape(state: Mapping[str, Any]) -> None:
-    if not isinstance(state, Mapping) or "_mixture" not in state:
-        raise InvalidStateError(
-            "this dataset is a mixture, but the state is not a mixture's (it has no key "
-            "'_mixture'): it was saved by a dataset of one source"
-        )
-    for key, kind in _MIXTURE_KEYS.items():
-        value = state.get(key)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise InvalidStateError(
-                f"state key {key!r} must be {kind.__name__}, got {type(value).__name__}"
-            )
-    if state["version"] != STATE_VERSION:
-        raise InvalidStateError(
-            f"unknown state version {state['version']!r}: this library reads version "
-            f"{STATE_VERSION}"
-        )
-    for number, position in enumerate(state["streams"]):
-        if position is not None and (type(position) is not int or position < 0):
-            raise InvalidStateError(
-                f"state key 'streams[{number}]' must be a position >= 0 or null, got "
-                f"{position!r:.80}"
-            )
+    def sub_progress(self, source: int, epoch: int, num_workers: int) -> Progress:
+        """An empty progress of ``source`` in its epoch ``epoch`` (to encode its settings)."""
+        epochs = self.sources[source]
+        plan = epochs.plan(Start.fresh(epoch), num_workers)
+        return Progress(plan, epochs.settings(num_workers), {}, ())
 
 
 # The progress of an iteration: of one dataset, or of a mixture.

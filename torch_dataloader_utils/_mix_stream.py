@@ -59,8 +59,7 @@ class MixedSource:
     ) -> Iterator[tuple[pa.RecordBatch, int]]:
         """Chunks of the mixed rows from ``start`` to the end of the epoch, each with the
         position after its last row."""
-        progress, mix = self.progress, self.progress.mix
-        begin = progress.absolute(self.worker, 0)
+        progress = self.progress
         feeds = [
             _Feed(self, s, p.epoch, p.offset, min_rows, read_ahead)
             for s, p in enumerate(progress.places(self.worker, start))
@@ -69,10 +68,10 @@ class MixedSource:
         try:
             for lo in range(start, self.total, step):
                 hi = min(lo + step, self.total)
-                ids = mix.schedule.sources(begin + lo, begin + hi)
+                ids = progress.sources(self.worker, lo, hi)
                 counts = np.bincount(ids, minlength=len(feeds))
                 parts = [feed.take(int(n)) for feed, n in zip(feeds, counts, strict=True)]
-                yield _interleaved(parts, ids, mix.source_column), hi
+                yield _interleaved(parts, ids, progress.mix.source_column), hi
         finally:
             for feed in feeds:
                 feed.close()

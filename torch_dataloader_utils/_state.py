@@ -305,6 +305,12 @@ def check_shape(state: object) -> None:
         raise InvalidStateError(
             f"unknown state version {version!r}: this library reads version {STATE_VERSION}"
         )
+    if "_mixture" in state:
+        sources = list(state["sources"]) if isinstance(state.get("sources"), dict) else "?"
+        raise InvalidStateError(
+            f"this state was saved by a mixture of sources {sources}; load it into a dataset "
+            f"built from them (path as a mapping of source names to paths, with weights=)"
+        )
     for key, kind in _KEY_TYPES.items():
         if key not in state:
             raise InvalidStateError(f"state has no key {key!r}; was it saved by this library?")

@@ -1,0 +1,380 @@
+"""Weighted mixing (SPEC semantics 11): the schedule's bound, every row of a source once per
+source epoch, exact resume, a change of weights or sources that loses and repeats nothing, and
+the errors a wrong mixture or state gets."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from torch_dataloader_utils import (
+    CheckpointMismatchError,
+    InvalidStateError,
+    SchemaMismatchError,
+    Source,
+    StructuredDataset,
+)
+from torch_dataloader_utils._epoch import Start
+from torch_dataloader_utils._mix_state import encode_mixture
+from torch_dataloader_utils._schedule import MAX_PERIOD, Schedule
+
+# Source s holds ids s * _SPAN + [0, rows): a row's id tells its source and row.
+_SPAN = 1_000_000
+
+
+def write_source(root: Path, name: str, number: int, rows: int, files: int = 2) -> str:
+    """``rows`` rows over ``files`` Parquet files (row groups of 7) under ``root/name``."""
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, rows, files + 1).astype(int)
+    for f in range(files):
+        ids = np.arange(bounds[f], bounds[f + 1], dtype=np.int64) + number * _SPAN
+        table = pa.table({"id": ids, "x": ids.astype(np.float32)})
+        pq.write_table(table, folder / f"part-{f}.parquet", row_group_size=7)
+    return str(folder)
+
+
+def shares(rows: int, streams: int) -> list[int]:
+    """Rows of one epoch each stream reads: the larger shares first."""
+    quota, extra = divmod(rows, streams)
+    return [quota + (g < extra) for g in range(streams)]
+
+
+def stream_batches(ds: StructuredDataset, epoch: int, workers: int) -> list[list[np.ndarray]]:
+    """Every worker stream's batches of ``epoch`` on this rank, read in this process."""
+    progress = ds._epochs.begin(Start.fresh(epoch), workers)
+    return [
+        [np.asarray(batch["id"]) for batch, _ in ds._reader(progress, w).batches()]
+        for w in range(max(1, workers))
+    ]
+
+
+def assert_each_source_epoch_once(per_stream: Sequence[np.ndarray], sizes: Sequence[int]) -> None:
+    """``per_stream[g]``: ids stream ``g`` delivered in order. Each source's ids of a stream,
+    cut into that stream's shares of successive source epochs: every epoch all streams
+    finished holds each row of the source once; a started one holds no row twice."""
+    streams = len(per_stream)
+    for s, rows in enumerate(sizes):
+        quota = shares(rows, streams)
+        epochs: list[list[np.ndarray]] = []
+        for g, ids in enumerate(per_stream):
+            mine = ids[ids // _SPAN == s] - s * _SPAN
+            cut = [mine[i : i + quota[g]] for i in range(0, len(mine), quota[g])]
+            for e, part in enumerate(cut):
+                assert len(np.unique(part)) == len(part), (s, g, e)
+                if len(epochs) <= e:
+                    epochs.append([])
+                epochs[e].append(part)
+        for e, parts in enumerate(epochs):
+            joined = np.concatenate(parts)
+            assert len(np.unique(joined)) == len(joined), (s, e)
+            if len(parts) == streams and all(
+                len(p) == q for p, q in zip(parts, quota, strict=True)
+            ):
+                assert np.array_equal(np.sort(joined), np.arange(rows)), (s, e)
+
+
+def assert_within_one(ids: np.ndarray, weights: Sequence[int], every: int) -> None:
+    """After every ``every`` positions each source's count is within 1 of k * w / W."""
+    total = sum(weights)
+    sources = ids // _SPAN
+    for k in range(every, len(ids) + 1, every):
+        counts = np.bincount(sources[:k], minlength=len(weights))
+        assert (np.abs(counts * total - k * np.array(weights)) < total).all(), (k, counts)
+
+
+# ----------------------------------------------------------------------------- the schedule
+
+
+@given(st.lists(st.integers(1, 60), min_size=1, max_size=12))
+@settings(max_examples=150, deadline=None)
+def test_schedule_keeps_every_source_within_one_of_its_share(weights: list[int]) -> None:
+    schedule = Schedule(tuple(weights))
+    reduced = np.array(schedule.reduced)
+    period = schedule.period_length
+    positions = np.arange(0, 2 * period + 3)
+    sources = schedule.sources(0, len(positions))
+    counts = np.zeros(len(weights), dtype=np.int64)
+    for k in positions.tolist():
+        assert np.array_equal(schedule.counts(k), counts)
+        assert (np.abs(counts * period - k * reduced) < period).all()
+        if k < len(sources):
+            counts[sources[k]] += 1
+
+
+def test_schedule_is_pinned() -> None:
+    """The order of sources is part of what a checkpoint's position means."""
+    assert Schedule((7, 3)).period.tolist() == [0, 1, 0, 0, 0, 1, 0, 0, 1, 0]
+    assert Schedule((5, 3, 2)).period.tolist() == [0, 1, 0, 2, 0, 1, 0, 2, 1, 0]
+    assert Schedule((14, 6)).period.tolist() == Schedule((7, 3)).period.tolist()
+
+
+def test_schedule_refuses_weights_it_cannot_schedule() -> None:
+    with pytest.raises(ValueError, match="positive integers"):
+        Schedule((3, 0))
+    with pytest.raises(ValueError, match="round them"):
+        Schedule((MAX_PERIOD, 1))
+
+
+# ----------------------------------------------------------------------------- delivery
+
+
+@st.composite
+def mixtures(draw: Any) -> dict[str, Any]:
+    count = draw(st.integers(1, 3))
+    return {
+        "rows": [draw(st.integers(12, 160)) for _ in range(count)],
+        "weights": [draw(st.integers(1, 9)) for _ in range(count)],
+        "world_size": draw(st.integers(1, 3)),
+        "workers": draw(st.integers(0, 2)),
+        "batch_size": draw(st.integers(1, 17)),
+        "shuffle": draw(st.booleans()),
+        "per_epoch": draw(st.one_of(st.none(), st.integers(12, 200))),
+    }
+
+
+@given(case=mixtures())
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_every_row_of_a_source_once_per_source_epoch(
+    tmp_path_factory: pytest.TempPathFactory, case: dict[str, Any]
+) -> None:
+    root = tmp_path_factory.mktemp("mix")
+    paths = {f"s{i}": write_source(root, f"s{i}", i, n) for i, n in enumerate(case["rows"])}
+    weights = dict(zip(paths, case["weights"], strict=True))
+    per_stream: list[list[np.ndarray]] = []
+    batches_per_rank = []
+    for rank in range(case["world_size"]):
+        ds = StructuredDataset(
+            paths, weights=weights, batch_size=case["batch_size"], shuffle=case["shuffle"],
+            rank=rank, world_size=case["world_size"], rows_per_epoch=case["per_epoch"],
+        )  # fmt: skip
+        epochs = [stream_batches(ds, e, case["workers"]) for e in range(3)]
+        batches_per_rank.append(sum(len(b) for b in epochs[0]))
+        for w in range(max(1, case["workers"])):
+            ids = np.concatenate([b for epoch in epochs for b in epoch[w]])
+            assert_within_one(ids, case["weights"], case["batch_size"])
+            per_stream.append(ids)
+    assert_each_source_epoch_once(per_stream, case["rows"])
+    assert len(set(batches_per_rank)) == 1  # even_batches: DDP steps alike on every rank
+
+
+@given(case=mixtures(), stop=st.integers(0, 40), data=st.data())
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_resume_is_exact_at_any_batch(
+    tmp_path_factory: pytest.TempPathFactory, case: dict[str, Any], stop: int, data: Any
+) -> None:
+    """A checkpoint after any batch of epoch 0 or 1, through JSON, continues the same batches."""
+    root = tmp_path_factory.mktemp("mix")
+    paths = {f"s{i}": write_source(root, f"s{i}", i, n) for i, n in enumerate(case["rows"])}
+    kwargs = {
+        "weights": dict(zip(paths, case["weights"], strict=True)),
+        "batch_size": case["batch_size"], "shuffle": case["shuffle"],
+        "rows_per_epoch": case["per_epoch"],
+    }  # fmt: skip
+    epoch = data.draw(st.integers(0, 1))
+    loader, ds = StructuredDataset.create_dataloader(paths, **kwargs)
+    ds.set_epoch(epoch)
+    full = [b["id"].tolist() for b in loader]
+    loader, ds = StructuredDataset.create_dataloader(paths, **kwargs)
+    ds.set_epoch(epoch)
+    it = iter(loader)
+    first = [next(it)["id"].tolist() for _ in range(min(stop, len(full)))]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
+    loader.load_state_dict(state)
+    assert first + [b["id"].tolist() for b in loader] == full
+
+
+@pytest.mark.parametrize("workers", [2])
+def test_resume_with_workers_is_exact(tmp_path: Path, workers: int) -> None:
+    paths = {n: write_source(tmp_path, n, i, r, 3) for i, (n, r) in enumerate(
+        [("web", 700), ("code", 300), ("math", 90)])}  # fmt: skip
+    kwargs = {"weights": {"web": 6, "code": 3, "math": 1}, "batch_size": 25, "shuffle": True,
+              "num_workers": workers}  # fmt: skip
+    loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
+    full = [b["id"].tolist() for b in loader]
+    assert sum(map(len, full)) == 1090
+    loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
+    it = iter(loader)
+    first = [next(it)["id"].tolist() for _ in range(17)]
+    state = loader.state_dict()
+    del it
+    loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
+    loader.load_state_dict(state)
+    assert first + [b["id"].tolist() for b in loader] == full
+
+
+def test_batches_name_each_rows_source(tmp_path: Path) -> None:
+    paths = {"a": write_source(tmp_path, "a", 0, 50), "b": write_source(tmp_path, "b", 1, 50)}
+    loader, _ = StructuredDataset.create_dataloader(
+        paths, weights={"a": 1, "b": 1}, batch_size=10, source_column="origin"
+    )
+    batch = next(iter(loader))
+    assert batch["origin"].tolist() == (batch["id"] // _SPAN).tolist()
+    assert batch["origin"].tolist() == [0, 1] * 5
+
+
+# ----------------------------------------------------------------------------- a changed mixture
+
+
+@given(
+    before=st.lists(st.integers(1, 9), min_size=2, max_size=2),
+    after=st.lists(st.integers(1, 9), min_size=3, max_size=3),
+    stop=st.integers(0, 30),
+    workers=st.integers(0, 2),
+)
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_reweight_loses_and_repeats_nothing(
+    tmp_path_factory: pytest.TempPathFactory,
+    before: list[int],
+    after: list[int],
+    stop: int,
+    workers: int,
+) -> None:
+    """Weights changed and a source added at a checkpoint: every source continues where it
+    stood (each row once per source epoch), the added one from its first epoch, and the new
+    weights hold from the checkpoint on."""
+    root = tmp_path_factory.mktemp("mix")
+    rows = [90, 40, 30]
+    paths = {f"s{i}": write_source(root, f"s{i}", i, n) for i, n in enumerate(rows)}
+    two = {k: paths[k] for k in ("s0", "s1")}
+    old = StructuredDataset(two, weights=dict(zip(two, before, strict=True)), batch_size=5,
+                            shuffle=True)  # fmt: skip
+    progress = old._epochs.begin(Start.fresh(0), workers)
+    readers = [old._reader(progress, w).batches() for w in range(max(1, workers))]
+    first: list[list[np.ndarray]] = [[] for _ in readers]
+    for step in range(stop):  # round robin, as the loader hands batches out
+        w = step % len(readers)
+        batch, position = next(readers[w], (None, None))
+        if batch is None:
+            break
+        first[w].append(np.asarray(batch["id"]))
+        progress.record(w, position, (w + 1) % len(readers))
+    state = json.loads(json.dumps(encode_mixture(old._epochs, progress)))
+    new = StructuredDataset(paths, weights=dict(zip(paths, after, strict=True)), batch_size=5,
+                            shuffle=True)  # fmt: skip
+    with pytest.raises(CheckpointMismatchError, match="reweight=True"):
+        new.load_state_dict(state)
+    new.load_state_dict(state, reweight=True)
+    start = new._start
+    rest = new._epochs.begin(start, workers)
+    per_stream = []
+    for w in range(max(1, workers)):
+        later = [np.asarray(b["id"]) for b, _ in new._reader(rest, w).batches()]
+        later += [b for b in stream_batches(new, 1, workers)[w]]
+        tail = np.concatenate(later)
+        assert_within_one(tail, after, 1)
+        per_stream.append(np.concatenate([*first[w], tail]))
+    assert_each_source_epoch_once(per_stream, rows)
+
+
+def test_changed_weights_are_refused_without_opt_in(tmp_path: Path) -> None:
+    paths = {"a": write_source(tmp_path, "a", 0, 60), "b": write_source(tmp_path, "b", 1, 60)}
+    loader, _ = StructuredDataset.create_dataloader(paths, weights={"a": 2, "b": 1}, batch_size=8)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    loader, _ = StructuredDataset.create_dataloader(paths, weights={"a": 1, "b": 1}, batch_size=8)
+    with pytest.raises(CheckpointMismatchError) as info:
+        loader.load_state_dict(state)
+    assert info.value.field == "weights"
+    assert "Likely cause: weights or sources changed" in str(info.value)
+
+
+def test_a_changed_file_names_its_source(tmp_path: Path) -> None:
+    paths = {"a": write_source(tmp_path, "a", 0, 60), "b": write_source(tmp_path, "b", 1, 60)}
+    kwargs = {"weights": {"a": 2, "b": 1}, "batch_size": 8}
+    loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    write_source(tmp_path, "b", 2, 60)  # new content, same names
+    loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
+    with pytest.raises(CheckpointMismatchError, match="source 'b'") as info:
+        loader.load_state_dict(state)
+    assert info.value.field == "files"
+
+
+def test_states_of_one_dataset_and_of_a_mixture_do_not_mix(tmp_path: Path) -> None:
+    paths = {"a": write_source(tmp_path, "a", 0, 60), "b": write_source(tmp_path, "b", 1, 60)}
+    mixed = StructuredDataset(paths, weights={"a": 1, "b": 1}, batch_size=8)
+    single = StructuredDataset(paths["a"], batch_size=8)
+    with pytest.raises(InvalidStateError, match="saved by a dataset of one source"):
+        mixed.load_state_dict(single.state_dict())
+    with pytest.raises(InvalidStateError, match="mixture"):
+        single.load_state_dict(mixed.state_dict())
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def test_sources_must_agree_on_columns(tmp_path: Path) -> None:
+    a = write_source(tmp_path, "a", 0, 30)
+    (tmp_path / "b").mkdir()
+    pq.write_table(pa.table({"id": np.arange(30), "y": np.zeros(30)}), tmp_path / "b/0.parquet")
+    with pytest.raises(SchemaMismatchError, match="sources 'a' and 'b' differ in column 'x'"):
+        StructuredDataset({"a": a, "b": str(tmp_path / "b")}, weights={"a": 1, "b": 1})
+    ds = StructuredDataset(
+        {"a": a, "b": str(tmp_path / "b")}, weights={"a": 1, "b": 1}, columns=["id"]
+    )
+    assert ds._epochs.schema.names == ["id", "source"]
+
+
+def test_weights_are_checked(tmp_path: Path) -> None:
+    paths = {"a": write_source(tmp_path, "a", 0, 30), "b": write_source(tmp_path, "b", 1, 30)}
+    with pytest.raises(TypeError, match="needs weights="):
+        StructuredDataset(paths)
+    with pytest.raises(ValueError, match=r"missing \['b'\], unknown \['c'\]"):
+        StructuredDataset(paths, weights={"a": 1, "c": 1})
+    with pytest.raises(TypeError, match=r"weights\['a'\] must be an int"):
+        StructuredDataset(paths, weights={"a": 0.7, "b": 0.3})
+    with pytest.raises(ValueError, match=r"weights\['b'\] must be"):
+        StructuredDataset(paths, weights={"a": 1, "b": 0})
+    with pytest.raises(TypeError, match="are for a mixture"):
+        StructuredDataset(paths["a"], weights={"a": 1})
+
+
+def test_every_stream_must_read_every_source(tmp_path: Path) -> None:
+    paths = {
+        "big": write_source(tmp_path, "big", 0, 100),
+        "tiny": write_source(tmp_path, "t", 1, 3, 1),
+    }
+    ds = StructuredDataset(paths, weights={"big": 9, "tiny": 1}, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="source 'tiny' has 3 row"):
+        stream_batches(ds, 0, 2)
+
+
+def test_sources_may_differ_in_format_and_split_size(tmp_path: Path) -> None:
+    import pyarrow.feather as feather
+
+    (tmp_path / "arrow").mkdir()
+    ids = np.arange(40, dtype=np.int64) + _SPAN
+    feather.write_feather(pa.table({"id": ids, "x": ids.astype(np.float32)}),
+                          tmp_path / "arrow/0.arrow", chunksize=9)  # fmt: skip
+    paths = {
+        "pq": write_source(tmp_path, "pq", 0, 60),
+        "ipc": Source(path=str(tmp_path / "arrow"), format="arrow", split_bytes=1),
+    }
+    loader, _ = StructuredDataset.create_dataloader(
+        paths, weights={"pq": 3, "ipc": 2}, batch_size=10
+    )
+    ids_read = np.concatenate([b["id"].numpy() for b in loader])
+    assert sorted(ids_read[ids_read < _SPAN].tolist()) == list(range(60))
+    assert len(ids_read) == 100 and math.isclose((ids_read >= _SPAN).mean(), 0.4)

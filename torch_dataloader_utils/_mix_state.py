@@ -1,0 +1,266 @@
+"""A mixture's checkpoint state: how it is written, validated, and continued under new weights.
+
+A mixture's state is plain JSON-safe builtins::
+
+    version, epoch                      int      the mixture epoch
+    _num_workers, _rank, _world_size    int
+    _even_batches                       bool
+    _mixture     {"weights": {name: int}, "rows_per_epoch": int,
+                  "segment": [epoch, [position per worker], {name: [rows read per worker]}]}
+    streams      positions handed out in the epoch, one per worker stream of this rank
+    cursor                              int      the worker whose batch comes next
+    sources      {name: the state of that source as a dataset of its own (files, settings,
+                  and per worker stream its place in its share of the source's epoch, by
+                  content), whose "epoch" is the source epoch of the first stream}
+
+Each stream's place in a source follows from its position (``_mix_epochs``); the places by
+content make a changed file of any source fail to match, and the error names the source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._epoch import Start
+from ._errors import CheckpointMismatchError, InvalidStateError
+from ._log import log
+from ._mix_epochs import MixedEpochs, MixedProgress, Segment, Timeline
+from ._schedule import Schedule
+from ._state import STATE_VERSION, StreamEntry, check_setting, decode, encode_stream, misplaced
+
+__all__ = ["encode_mixture", "load_mixture"]
+
+
+def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
+    """The state dict of ``progress``."""
+    streams = max(1, progress.num_workers)
+    entries = [progress.entries(w) if w in progress.positions else None for w in range(streams)]
+    sources = {}
+    for s, name in enumerate(mix.names):
+        known = next((e[s] for e in entries if e is not None), None)
+        state = mix.sources[s].encode(
+            mix.sub_progress(s, 0 if known is None else known[0], progress.num_workers)
+        )
+        state["streams"] = [
+            None if e is None else encode_stream(e[s][1], mix.sources[s].index) for e in entries
+        ]
+        sources[name] = state
+    segment = mix.timeline.segment
+    return {
+        "version": STATE_VERSION,
+        "epoch": progress.epoch,
+        "_mixture": {
+            "weights": mix.weights,
+            "rows_per_epoch": mix.timeline.rows_per_epoch,
+            "segment": [
+                segment.epoch,
+                list(segment.positions),
+                {name: list(counts) for name, counts in segment.counts.items()},
+            ],
+        },
+        "_num_workers": progress.num_workers,
+        "_rank": mix.rank,
+        "_world_size": mix.world_size,
+        "_even_batches": mix.even_batches,
+        "streams": [progress.positions.get(w) for w in range(streams)],
+        "cursor": progress.cursor,
+        "sources": sources,
+    }
+
+
+def load_mixture(
+    mix: MixedEpochs, state: Mapping[str, Any], num_workers: int | None, *, reweight: bool
+) -> tuple[Start, MixedEpochs]:
+    """Where ``state`` continues, and the mixture to continue it with: ``mix`` under the
+    state's segment, or (``reweight``, weights or sources changed) a segment starting there."""
+    _check_shape(state)
+    workers = state["_num_workers"] if num_workers is None else num_workers
+    where = f"mixture {list(state['sources'])}"
+    for name, (expected, found) in {
+        "world_size": (state["_world_size"], mix.world_size),
+        "rank": (state["_rank"], mix.rank),
+        "even_batches": (state["_even_batches"], mix.even_batches),
+        "num_workers": (state["_num_workers"], workers),
+    }.items():
+        check_setting(name, expected, found, where)
+    stored = _stored_timeline(state)
+    start = Start(
+        epoch=state["epoch"],
+        positions=tuple(state["streams"]),
+        cursor=state["cursor"],
+        checkpoint_workers=state["_num_workers"],
+        checkpoint_split=where,
+    )
+    then = MixedProgress(mix.following(stored), state["epoch"], workers)
+    then.positions = {w: p for w, p in enumerate(state["streams"]) if p is not None}
+    for name, sub in state["sources"].items():
+        if name in mix.names:
+            _check_source(mix, then, mix.names.index(name), sub, workers)
+    current = mix.timeline
+    if (stored.weights, stored.rows_per_epoch) == (current.weights, current.rows_per_epoch):
+        return start, mix.following(stored)
+    if not reweight:
+        raise CheckpointMismatchError(
+            f"this checkpoint's mixture is {stored.weights} with rows_per_epoch="
+            f"{stored.rows_per_epoch}, the current one {current.weights} with rows_per_epoch="
+            f"{current.rows_per_epoch}: a position reads other sources under other weights. "
+            f"Pass reweight=True to load_state_dict to continue from the checkpoint under the "
+            f"current mixture (every source continues where it stood; an added source starts "
+            f"its first epoch)."
+            f"\nLikely cause: weights or sources changed: checkpoint={stored.weights}, "
+            f"current={current.weights}",
+            split=where, field="weights", expected=stored.weights, found=current.weights,
+        )  # fmt: skip
+    return start, mix.following(_reweighted(then, current, workers))
+
+
+def _reweighted(then: MixedProgress, current: Timeline, workers: int) -> Timeline:
+    """``current`` counting on from where the streams of ``then`` stood."""
+    streams = max(1, workers)
+    if len(then.positions) != streams:
+        raise InvalidStateError(
+            "a state without every worker's position (saved by a DataLoader worker's copy of "
+            "the dataset) cannot change the mixture: save the state through the loader"
+        )
+    counts = [then.counts(w, then.positions[w]).tolist() for w in range(streams)]
+    old = then.mix.names
+    segment = Segment(
+        epoch=then.epoch,
+        positions=tuple(then.positions[w] for w in range(streams)),
+        counts={n: tuple(c[old.index(n)] for c in counts) for n in current.names if n in old},
+    )
+    removed = [n for n in old if n not in current.names]
+    added = [n for n in current.names if n not in old]
+    log.warning(
+        "mixture changed at epoch %d positions %s: weights %s -> %s (added %s: first epoch; "
+        "removed %s: their rows not read yet are not read)",
+        then.epoch, list(segment.positions), then.mix.weights, current.weights, added, removed,
+    )  # fmt: skip
+    return Timeline(current.names, current.schedule, current.rows_per_epoch, segment)
+
+
+def _check_source(
+    mix: MixedEpochs, then: MixedProgress, source: int, sub: Any, workers: int
+) -> None:
+    """The state of source ``source`` matches its files, settings and the stored positions."""
+    name = mix.names[source]
+    epochs = mix.sources[source]
+    try:
+        decoded = decode(sub, index=epochs.index, settings=epochs.settings(workers))
+    except (CheckpointMismatchError, InvalidStateError) as exc:
+        raise _in_source(exc, name) from exc
+    stored = then.mix.names.index(name)
+    entries: Sequence[StreamEntry | None] = decoded.streams
+    if len(entries) != max(1, workers):
+        raise InvalidStateError(
+            f"state key 'sources.{name}.streams' holds {len(entries)} entries for "
+            f"{max(1, workers)} stream(s): the state is corrupted"
+        )
+    for worker, entry in enumerate(entries):
+        if entry is None or worker not in then.positions:
+            continue
+        ordinal = int(then.counts(worker, then.positions[worker])[stored])
+        place = mix.place(source, then.stream(worker), ordinal, workers)
+        if (entry.position, entry.rows, entry.next_row) != (
+            place.offset,
+            place.order.total,
+            place.order.row_at(place.offset),
+        ):
+            where = "the end of a share"
+            if entry.next_row is not None:
+                where = f"{epochs.index.describe(entry.next_row[0])} row {entry.next_row[1]}"
+            raise _in_source(misplaced(where, epochs.settings(workers), worker), name)
+
+
+def _in_source(exc: CheckpointMismatchError | InvalidStateError, name: str) -> Exception:
+    """``exc`` naming the mixture's source it is about."""
+    if isinstance(exc, InvalidStateError):
+        return InvalidStateError(f"state of source {name!r}: {exc}")
+    return CheckpointMismatchError(
+        f"source {name!r}: {exc}", split=exc.split, field=exc.field, expected=exc.expected,
+        found=exc.found,
+    )  # fmt: skip
+
+
+def _stored_timeline(state: Mapping[str, Any]) -> Timeline:
+    mixture = state["_mixture"]
+    weights, rows, segment = (mixture.get(k) for k in ("weights", "rows_per_epoch", "segment"))
+    if not (
+        isinstance(weights, dict)
+        and weights
+        and all(isinstance(n, str) and type(w) is int and w >= 1 for n, w in weights.items())
+        and list(weights) == list(state["sources"])
+    ):
+        raise InvalidStateError(
+            f"state key '_mixture.weights' must map each source of 'sources' to an int >= 1, "
+            f"got {weights!r:.200}"
+        )
+    if type(rows) is not int or rows < 1:
+        raise InvalidStateError(
+            f"state key '_mixture.rows_per_epoch' must be an int >= 1, got {rows!r:.80}"
+        )
+    if not (
+        isinstance(segment, list)
+        and len(segment) == 3
+        and type(segment[0]) is int
+        and segment[0] >= 0
+        and isinstance(segment[1], list)
+        and all(type(p) is int and p >= 0 for p in segment[1])
+        and isinstance(segment[2], dict)
+        and all(
+            isinstance(c, list)
+            and len(c) == len(segment[1])
+            and all(type(v) is int and v >= 0 for v in c)
+            for c in segment[2].values()
+        )
+    ):
+        raise InvalidStateError(
+            f"state key '_mixture.segment' must be [epoch, [position per worker], {{source: "
+            f"[rows per worker]}}], got {segment!r:.200}"
+        )
+    try:
+        schedule = Schedule(tuple(weights.values()))
+    except ValueError as exc:
+        raise InvalidStateError(f"state key '_mixture.weights': {exc}") from exc
+    return Timeline(
+        tuple(weights),
+        schedule,
+        rows,
+        Segment(segment[0], tuple(segment[1]), {n: tuple(c) for n, c in segment[2].items()}),
+    )
+
+
+_KEYS: dict[str, type] = {
+    "version": int, "epoch": int, "_mixture": dict, "_num_workers": int, "_rank": int,
+    "_world_size": int, "_even_batches": bool, "streams": list, "cursor": int, "sources": dict,
+}  # fmt: skip
+
+
+def _check_shape(state: object) -> None:
+    if not isinstance(state, Mapping):
+        raise InvalidStateError(f"a state must be a dict, got {type(state).__name__}")
+    if "_mixture" not in state:
+        raise InvalidStateError(
+            "this dataset is a mixture, but the state has no key '_mixture': it was saved by "
+            "a dataset of one source"
+        )
+    for key, kind in _KEYS.items():
+        value = state.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise InvalidStateError(
+                f"state key {key!r} must be {kind.__name__}, got {type(value).__name__}"
+            )
+        if isinstance(value, int) and value < 0:
+            raise InvalidStateError(f"state key {key!r} must be >= 0, got {value}")
+    if state["version"] != STATE_VERSION:
+        raise InvalidStateError(
+            f"unknown state version {state['version']!r}: this library reads version "
+            f"{STATE_VERSION}"
+        )
+    for number, position in enumerate(state["streams"]):
+        if position is not None and (type(position) is not int or position < 0):
+            raise InvalidStateError(
+                f"state key 'streams[{number}]' must be a position >= 0 or null, got "
+                f"{position!r:.80}"
+            )
