@@ -98,7 +98,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         share_index: bool = False,
         weights: Mapping[str, int] | None = None,
         rows_per_epoch: int | None = None,
-        source_column: str = "source",
+        source_column: str | None = "source",
     ) -> None:
         super().__init__()
         even = optional_flag("even_batches", even_batches)
@@ -193,7 +193,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         even: bool,
         *,
         rows_per_epoch: int | None,
-        source_column: str,
+        source_column: str | None,
     ) -> tuple[MixedEpochs, tuple[SourceFiles, ...]]:
         """The epochs of a mixture of ``paths`` and how to read each source."""
         if config.packing is not None:
@@ -219,7 +219,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             files.append(opened)
         names = tuple(spec.name for spec in specs)
         check_schemas(names, [epochs.index.schema for epochs in sources])
-        if source_column in sources[0].index.schema.names:
+        if source_column is not None and source_column in sources[0].index.schema.names:
             raise ValueError(
                 f"the sources have a column {source_column!r}, the name of the column that "
                 f"tells each row's source: pass source_column= another name"
@@ -265,7 +265,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         share_index: bool = False,
         weights: Mapping[str, int] | None = None,
         rows_per_epoch: int | None = None,
-        source_column: str = "source",
+        source_column: str | None = "source",
         **dataloader_kwargs: Any,
     ) -> tuple[StructuredDataLoader, StructuredDataset]:
         """``(loader, dataset)``: the loader records what it hands out and resumes exactly."""

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +34,7 @@ from ._errors import InvalidStateError
 from ._order import StreamOrder
 from ._plan import Deal, IntArray, Pieces
 from ._schedule import Schedule
-from ._state import StreamEntry, check_setting
+from ._state import StreamEntry, check_setting, encode_stream
 
 __all__ = [
     "AnyProgress",
@@ -122,7 +123,7 @@ class MixedProgress:
     num_workers: int
     positions: dict[int, int] = field(default_factory=dict)
     cursor: int = 0
-    _entries: dict[int, tuple[int, list[tuple[int, StreamEntry]]]] = field(
+    _entries: dict[int, tuple[int, list[tuple[int, list[Any] | None]]]] = field(
         default_factory=dict, repr=False
     )
 
@@ -152,15 +153,17 @@ class MixedProgress:
             for s, n in enumerate(self.counts(worker, position).tolist())
         ]
 
-    def entries(self, worker: int) -> list[tuple[int, StreamEntry]]:
-        """Each source's epoch and place of stream ``worker``, by content (kept until it moves)."""
+    def entries(self, worker: int) -> list[tuple[int, list[Any] | None]]:
+        """Each source's epoch and place of stream ``worker``, by content, as a state writes
+        it (kept until the stream moves)."""
         position = self.positions[worker]
         kept = self._entries.get(worker)
         if kept is None or kept[0] != position:
-            entries = [
-                (p.epoch, StreamEntry(p.offset, 0, p.order.total, p.order.row_at(p.offset)))
-                for p in self.places(worker, position)
-            ]
+            entries = []
+            for s, place in enumerate(self.places(worker, position)):
+                order, offset = place.order, place.offset
+                entry = StreamEntry(offset, 0, order.total, order.row_at(offset))
+                entries.append((place.epoch, encode_stream(entry, self.mix.sources[s].index)))
             self._entries[worker] = kept = (position, entries)
         return kept[1]
 
@@ -179,8 +182,14 @@ class MixedEpochs:
     rank: int
     world_size: int
     even_batches: bool
-    source_column: str
+    source_column: str | None
     _orders: dict[tuple[int, int, int, int], StreamOrder] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    _shares: dict[tuple[int, int, int], int] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    _settings_states: dict[tuple[int, int], dict[str, Any]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -194,10 +203,12 @@ class MixedEpochs:
 
     @cached_property
     def schema(self) -> pa.Schema:
-        """The columns of a batch: the sources' (the same in every source), then the source
-        number of each row."""
+        """The columns of a batch: the sources' (the same in every source), then (unless
+        ``source_column`` is None) the number of each row's source."""
         schema = self.sources[0].index.schema
-        return schema.append(pa.field(self.source_column, pa.int64(), nullable=False))
+        if self.source_column is None:
+            return schema
+        return schema.append(pa.field(self.source_column, pa.int16(), nullable=False))
 
     def following(self, timeline: Timeline) -> MixedEpochs:
         """This mixture under ``timeline`` (a loaded state's)."""
@@ -229,6 +240,12 @@ class MixedEpochs:
 
     def share(self, source: int, stream: int, num_workers: int) -> int:
         """Rows of one epoch of ``source`` that stream ``stream`` reads (the same every epoch)."""
+        key = (source, stream, num_workers)
+        if key not in self._shares:
+            self._shares[key] = self._share(source, stream, num_workers)
+        return self._shares[key]
+
+    def _share(self, source: int, stream: int, num_workers: int) -> int:
         rows = int(self.sources[source].index.split_rows.sum())
         deal = Deal(Pieces.of([(0, 0, rows)]), self.world_size, max(1, num_workers), False)
         share = int(deal.shares_of(stream, 1)[0])
@@ -274,11 +291,16 @@ class MixedEpochs:
         per_stream = rows // size if self.config.drop_last else -(-rows // size)
         return int(per_stream.sum())
 
-    def sub_progress(self, source: int, epoch: int, num_workers: int) -> Progress:
-        """An empty progress of ``source`` in its epoch ``epoch`` (to encode its settings)."""
-        epochs = self.sources[source]
-        plan = epochs.plan(Start.fresh(epoch), num_workers)
-        return Progress(plan, epochs.settings(num_workers), {}, ())
+    def source_state(self, source: int, num_workers: int) -> dict[str, Any]:
+        """The state of ``source`` as a dataset of its own, but for its epoch and streams: its
+        files and settings (the same at every call, so made once)."""
+        key = (source, num_workers)
+        if key not in self._settings_states:
+            epochs = self.sources[source]
+            plan = epochs.plan(Start.fresh(0), num_workers)
+            state = epochs.encode(Progress(plan, epochs.settings(num_workers), {}, ()))
+            self._settings_states[key] = state
+        return self._settings_states[key]
 
 
 # The progress of an iteration: of one dataset, or of a mixture.

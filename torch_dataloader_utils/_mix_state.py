@@ -27,7 +27,7 @@ from ._errors import CheckpointMismatchError, InvalidStateError
 from ._log import log
 from ._mix_epochs import MixedEpochs, MixedProgress, Segment, Timeline
 from ._schedule import Schedule
-from ._state import STATE_VERSION, StreamEntry, check_setting, decode, encode_stream, misplaced
+from ._state import STATE_VERSION, StreamEntry, check_setting, decode, misplaced
 
 __all__ = ["encode_mixture", "load_mixture"]
 
@@ -39,13 +39,11 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
     sources = {}
     for s, name in enumerate(mix.names):
         known = next((e[s] for e in entries if e is not None), None)
-        state = mix.sources[s].encode(
-            mix.sub_progress(s, 0 if known is None else known[0], progress.num_workers)
-        )
-        state["streams"] = [
-            None if e is None else encode_stream(e[s][1], mix.sources[s].index) for e in entries
-        ]
-        sources[name] = state
+        sources[name] = {
+            **mix.source_state(s, progress.num_workers),
+            "epoch": 0 if known is None else known[0],
+            "streams": [None if e is None else e[s][1] for e in entries],
+        }
     segment = mix.timeline.segment
     return {
         "version": STATE_VERSION,

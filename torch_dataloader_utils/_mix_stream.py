@@ -7,7 +7,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.types as pat
 
 from ._mix_epochs import MixedProgress
 from ._stream import Position, SourceFiles
@@ -128,16 +130,39 @@ class _Feed:
 
 
 def _interleaved(
-    parts: list[list[pa.RecordBatch]], ids: np.ndarray, source_column: str
+    parts: list[list[pa.RecordBatch]], ids: npt.NDArray[np.int16], source_column: str | None
 ) -> pa.RecordBatch:
-    """The sources' rows in the order of the positions ``ids``, with the source column."""
+    """The sources' rows in the order of the positions ``ids`` (``parts[s]``: the rows of
+    source ``s``, in order), then the source column. Each fixed-width column without nulls is
+    scattered straight into its output (one write per value); any other is gathered."""
     batches = [b for part in parts for b in part]
-    joined = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-    if len(batches) > 1:
-        # output position i reads the (rank of i among its source's positions)-th row of its
-        # source, after the rows of the sources before it
-        order = np.argsort(ids, kind="stable")
-        index = np.empty(len(ids), dtype=np.int64)
-        index[order] = np.arange(len(ids), dtype=np.int64)
-        joined = joined.take(pa.array(index))
-    return joined.append_column(source_column, pa.array(ids.astype(np.int64)))
+    if len(batches) == 1:
+        joined = batches[0]
+    else:
+        # the output places of each source's rows, in order: source 0's, then source 1's, ...
+        places = np.argsort(ids, kind="stable")
+        joined = pa.RecordBatch.from_arrays(
+            [
+                _column([b.column(c) for b in batches], places)
+                for c in range(batches[0].num_columns)
+            ],
+            schema=batches[0].schema,
+        )
+    if source_column is None:
+        return joined
+    return joined.append_column(source_column, pa.array(ids))
+
+
+def _column(pieces: list[pa.Array], places: npt.NDArray[np.intp]) -> pa.Array:
+    """``pieces`` (one column, concatenated) with value ``i`` at output place ``places[i]``."""
+    kind = pieces[0].type
+    if (pat.is_integer(kind) or pat.is_floating(kind)) and not any(p.null_count for p in pieces):
+        out = np.empty(len(places), dtype=kind.to_pandas_dtype())
+        done = 0
+        for piece in pieces:
+            out[places[done : done + len(piece)]] = piece.to_numpy(zero_copy_only=True)
+            done += len(piece)
+        return pa.array(out)
+    index = np.empty(len(places), dtype=np.int64)
+    index[places] = np.arange(len(places), dtype=np.int64)
+    return pa.concat_arrays(pieces).take(pa.array(index))
