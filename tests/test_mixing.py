@@ -23,6 +23,7 @@ from torch_dataloader_utils import (
     SchemaMismatchError,
     Source,
     StructuredDataset,
+    TokenPacking,
 )
 from torch_dataloader_utils._epoch import Start
 from torch_dataloader_utils._mix_state import encode_mixture
@@ -158,7 +159,7 @@ def test_every_row_of_a_source_once_per_source_epoch(
     for rank in range(case["world_size"]):
         ds = StructuredDataset(
             paths, weights=weights, batch_size=case["batch_size"], shuffle=case["shuffle"],
-            rank=rank, world_size=case["world_size"], rows_per_epoch=case["per_epoch"],
+            rank=rank, world_size=case["world_size"], epoch_size=case["per_epoch"],
         )  # fmt: skip
         epochs = [stream_batches(ds, e, case["workers"]) for e in range(3)]
         batches_per_rank.append(sum(len(b) for b in epochs[0]))
@@ -183,7 +184,7 @@ def test_resume_is_exact_at_any_batch(
     kwargs = {
         "weights": dict(zip(paths, case["weights"], strict=True)),
         "batch_size": case["batch_size"], "shuffle": case["shuffle"],
-        "rows_per_epoch": case["per_epoch"],
+        "epoch_size": case["per_epoch"],
     }  # fmt: skip
     epoch = data.draw(st.integers(0, 1))
     loader, ds = StructuredDataset.create_dataloader(paths, **kwargs)
@@ -378,3 +379,142 @@ def test_sources_may_differ_in_format_and_split_size(tmp_path: Path) -> None:
     ids_read = np.concatenate([b["id"].numpy() for b in loader])
     assert sorted(ids_read[ids_read < _SPAN].tolist()) == list(range(60))
     assert len(ids_read) == 100 and math.isclose((ids_read >= _SPAN).mean(), 0.4)
+
+
+# ----------------------------------------------------------------------------- packed mixtures
+
+
+def write_documents(root: Path, name: str, number: int, docs: int, files: int = 2) -> str:
+    """``docs`` documents of 1-12 tokens; token ``t`` of document ``d`` is
+    ``(number * _SPAN + d) * 100 + t``, so every token names its source, document and place."""
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(number)
+    bounds = np.linspace(0, docs, files + 1).astype(int)
+    for f in range(files):
+        tokens = [
+            [(number * _SPAN + d) * 100 + t for t in range(int(rng.integers(1, 13)))]
+            for d in range(bounds[f], bounds[f + 1])
+        ]
+        table = pa.table({"tokens": pa.array(tokens, pa.list_(pa.int64()))})
+        pq.write_table(table, folder / f"part-{f}.parquet", row_group_size=5)
+    return str(folder)
+
+
+def documents_started(batches: Sequence[Any]) -> np.ndarray:
+    """The documents whose first token these packed batches hand out, in order, as ids
+    ``source * _SPAN + document``."""
+    tokens = np.concatenate([np.asarray(b["input_ids"]).ravel() for b in batches])
+    return tokens[tokens % 100 == 0] // 100
+
+
+@st.composite
+def packed_mixtures(draw: Any) -> dict[str, Any]:
+    count = draw(st.integers(1, 3))
+    return {
+        "docs": [draw(st.integers(8, 60)) for _ in range(count)],
+        "weights": [draw(st.integers(1, 5)) for _ in range(count)],
+        "world_size": draw(st.integers(1, 2)),
+        "workers": draw(st.integers(0, 2)),
+        "batch_size": draw(st.integers(1, 5)),
+        "seq_len": draw(st.integers(1, 24)),
+        "shuffle": draw(st.booleans()),
+        "epoch_size": draw(st.integers(4, 60)),
+    }
+
+
+def packed_kwargs(case: dict[str, Any], paths: dict[str, str]) -> dict[str, Any]:
+    return {
+        "weights": dict(zip(paths, case["weights"], strict=True)),
+        "batch_size": case["batch_size"], "shuffle": case["shuffle"],
+        "epoch_size": case["epoch_size"],
+        "packing": TokenPacking("tokens", seq_len=case["seq_len"]),
+    }  # fmt: skip
+
+
+@given(case=packed_mixtures())
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_packed_mixture_hands_out_every_document_once_per_source_epoch(
+    tmp_path_factory: pytest.TempPathFactory, case: dict[str, Any]
+) -> None:
+    """Weights count sequences: after every batch each source's sequences are within 1 of
+    their share; each source packs its own documents, every one once per source epoch."""
+    root = tmp_path_factory.mktemp("packed")
+    paths = {f"s{i}": write_documents(root, f"s{i}", i, n) for i, n in enumerate(case["docs"])}
+    per_stream = []
+    for rank in range(case["world_size"]):
+        ds = StructuredDataset(
+            paths, rank=rank, world_size=case["world_size"], **packed_kwargs(case, paths)
+        )
+        for w in range(max(1, case["workers"])):
+            batches = []
+            for epoch in range(3):
+                start = ds._carried(epoch) if epoch else Start.fresh(0)
+                assert start is not None
+                progress = ds._epochs.begin(start, case["workers"])
+                for batch, position in ds._reader(progress, w).batches():
+                    progress.record(w, position, 0)
+                    batches.append(batch)
+                    sources = np.concatenate([np.asarray(b["source"]) for b in batches])
+                    assert_within_one(
+                        sources.astype(np.int64) * _SPAN, case["weights"], len(sources)
+                    )
+                ds._progress = progress
+            per_stream.append(documents_started(batches))
+    assert_each_source_epoch_once(per_stream, case["docs"])
+
+
+@given(case=packed_mixtures(), stop=st.integers(0, 30))
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_packed_mixture_resumes_exactly_across_epochs(
+    tmp_path_factory: pytest.TempPathFactory, case: dict[str, Any], stop: int
+) -> None:
+    """A checkpoint after any batch of two epochs, through JSON, continues the same batches,
+    also into the next epoch (which continues each source where the epoch left it)."""
+    root = tmp_path_factory.mktemp("packed")
+    paths = {f"s{i}": write_documents(root, f"s{i}", i, n) for i, n in enumerate(case["docs"])}
+    kwargs = packed_kwargs(case, paths)
+
+    def epochs(loader: Any, ds: StructuredDataset, first: int, loaded: bool) -> list[list[int]]:
+        out = []
+        for epoch in range(first, 2):
+            if epoch > first or not loaded:
+                ds.set_epoch(epoch)
+            out += [b["input_ids"].flatten().tolist() for b in loader]
+        return out
+
+    loader, ds = StructuredDataset.create_dataloader(paths, **kwargs)
+    full = epochs(loader, ds, 0, loaded=False)
+    loader, ds = StructuredDataset.create_dataloader(paths, **kwargs)
+    taken: list[list[int]] = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        it = iter(loader)
+        for batch in it:
+            taken.append(batch["input_ids"].flatten().tolist())
+            if len(taken) == stop:
+                break
+        if len(taken) == stop:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader, ds = StructuredDataset.create_dataloader(paths, **kwargs)
+    loader.load_state_dict(state)
+    assert taken + epochs(loader, ds, state["epoch"], loaded=True) == full
+
+
+def test_a_packed_mixture_needs_its_epoch_size_and_its_epochs_in_order(tmp_path: Path) -> None:
+    paths = {"a": write_documents(tmp_path, "a", 0, 30), "b": write_documents(tmp_path, "b", 1, 30)}
+    packing = TokenPacking("tokens", seq_len=8)
+    with pytest.raises(ValueError, match="needs epoch_size="):
+        StructuredDataset(paths, weights={"a": 1, "b": 1}, packing=packing)
+    loader, ds = StructuredDataset.create_dataloader(
+        paths, weights={"a": 1, "b": 1}, packing=packing, epoch_size=10, batch_size=2
+    )
+    assert len(loader) == 5
+    ds.set_epoch(3)
+    with pytest.raises(ValueError, match="epoch 3 continues each source where the epoch before"):
+        next(iter(loader))

@@ -23,7 +23,14 @@ from ._formats import get_format
 from ._handout import Mark
 from ._index import DatasetIndex, build_index
 from ._log import log
-from ._mix_epochs import AnyProgress, MixedEpochs, MixedProgress, Timeline, source_seed
+from ._mix_epochs import (
+    AnyProgress,
+    MixedEpochs,
+    MixedProgress,
+    MixPosition,
+    Timeline,
+    source_seed,
+)
 from ._mix_state import encode_mixture, load_mixture
 from ._mix_stream import MixedSource
 from ._mixture import Source, check_schemas, mixture_sources
@@ -97,7 +104,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         packing: TokenPacking | None = None,
         share_index: bool = False,
         weights: Mapping[str, int] | None = None,
-        rows_per_epoch: int | None = None,
+        epoch_size: int | None = None,
         source_column: str | None = "source",
     ) -> None:
         super().__init__()
@@ -127,13 +134,13 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         if isinstance(path, Mapping):
             self._epochs, self._opened = self._mixture(
                 path, weights, config, storage_options, share_index, even,
-                rows_per_epoch=optional_whole("rows_per_epoch", rows_per_epoch, at_least=1),
+                epoch_size=optional_whole("epoch_size", epoch_size, at_least=1),
                 source_column=source_column,
             )  # fmt: skip
         else:
-            if weights is not None or rows_per_epoch is not None:
+            if weights is not None or epoch_size is not None:
                 raise TypeError(
-                    "weights= and rows_per_epoch= are for a mixture: pass path as a mapping "
+                    "weights= and epoch_size= are for a mixture: pass path as a mapping "
                     "of source names to paths (docs/mixing.md)"
                 )
             index, opened = self._source(path, config, storage_options, share_index)
@@ -192,14 +199,14 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         share_index: bool,
         even: bool,
         *,
-        rows_per_epoch: int | None,
+        epoch_size: int | None,
         source_column: str | None,
     ) -> tuple[MixedEpochs, tuple[SourceFiles, ...]]:
         """The epochs of a mixture of ``paths`` and how to read each source."""
-        if config.packing is not None:
+        if config.packing is not None and epoch_size is None:
             raise ValueError(
-                "packing a mixture is not supported yet (docs/mixing.md): mix rows, or pack "
-                "one source"
+                "a packed mixture needs epoch_size= (packed sequences per epoch, over all "
+                "ranks): how many sequences its sources make depends on their tokens"
             )
         specs = mixture_sources(
             paths, weights, format=config.format, storage_options=storage_options,
@@ -228,7 +235,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         timeline = Timeline(
             names,
             Schedule(tuple(spec.weight for spec in specs)),
-            total if rows_per_epoch is None else rows_per_epoch,
+            total if epoch_size is None else epoch_size,
         )
         mix = MixedEpochs(
             timeline=timeline,
@@ -264,7 +271,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         packing: TokenPacking | None = None,
         share_index: bool = False,
         weights: Mapping[str, int] | None = None,
-        rows_per_epoch: int | None = None,
+        epoch_size: int | None = None,
         source_column: str | None = "source",
         **dataloader_kwargs: Any,
     ) -> tuple[StructuredDataLoader, StructuredDataset]:
@@ -292,7 +299,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             packing=packing,
             share_index=share_index,
             weights=weights,
-            rows_per_epoch=rows_per_epoch,
+            epoch_size=epoch_size,
             source_column=source_column,
         )
         return StructuredDataLoader(dataset, num_workers=num_workers, **dataloader_kwargs), dataset
@@ -314,9 +321,25 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 f"for the epochs after the resumed one.",
                 stacklevel=2,
             )
-        self._start = Start.fresh(epoch)
+        self._start = self._carried(epoch) or Start.fresh(epoch)
         self._progress = None
         self._resumed = False
+
+    def _carried(self, epoch: int) -> Start | None:
+        """A packed mixture's ``epoch`` continuing each source where the epoch before it
+        stands (iterated here, or loaded); ``None`` otherwise."""
+        if not isinstance(self._epochs, MixedEpochs) or self._epochs.config.packing is None:
+            return None
+        before: Sequence[object] | None = self._start.positions
+        if isinstance(self._progress, MixedProgress) and self._progress.epoch == epoch - 1:
+            workers = max(1, self._progress.num_workers)
+            before = [self._progress.positions.get(w) for w in range(workers)]
+        elif self._start.epoch != epoch - 1:
+            return None
+        if before is None or not all(isinstance(p, MixPosition) for p in before):
+            return None
+        positions = tuple(MixPosition(0, p.sources) for p in before if isinstance(p, MixPosition))
+        return Start(epoch=epoch, positions=positions, checkpoint_workers=len(positions))
 
     def state_dict(self) -> dict[str, Any]:
         """What the training loop has been handed in this epoch, by content (JSON-safe)."""
@@ -345,7 +368,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         what they had not delivered to the current ranks and workers: each row exactly once,
         in a different order. Raises ``CheckpointMismatchError`` when files or settings differ.
         ``reweight=True`` (a mixture) continues a state saved under other weights, sources or
-        ``rows_per_epoch`` under the current ones, each source from where it stood.
+        ``epoch_size`` under the current ones, each source from where it stood.
         """
         workers = self._known_workers()
         reweight = flag("reweight", reweight)
@@ -410,6 +433,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch (with the loader's ``num_workers``)."""
+        if isinstance(self._epochs, MixedEpochs):
+            return self._epochs.batches(self._start, self._loader_workers or 0)
         if self._epochs.config.packing is not None:
             raise TypeError(
                 "a packed dataset has no len(): its batches count tokens, which the files' "

@@ -5,11 +5,11 @@ Every stream (rank, DataLoader worker) of a mixture reads one mixed sequence of 
 (``_schedule``), and its ``n``-th row of source ``s`` is row ``n % q`` of its share of source
 epoch ``n // q``, ``q`` being its share of one epoch of ``s`` (each source is dealt to the same
 streams as a dataset of its own, every row once, in the source's own shuffled order keyed by
-its name). A mixture epoch is a stretch of ``L`` positions of every stream (``rows_per_epoch``
+its name). A mixture epoch is a stretch of ``L`` positions of every stream (``epoch_size``
 dealt to the streams): epoch ``m`` covers ``[m L, (m + 1) L)``, so a stream's position in the
 epoch fixes, in closed form, every source's epoch and row.
 
-A state loaded with ``reweight=True`` under other weights, sources or ``rows_per_epoch`` starts
+A state loaded with ``reweight=True`` under other weights, sources or ``epoch_size`` starts
 a *segment*: from each stream's position then, the new schedule counts on from the rows of
 each source read before it, so no row of a source is read twice or skipped. Nothing here reads
 files.
@@ -38,6 +38,7 @@ from ._state import StreamEntry, check_setting, encode_stream
 
 __all__ = [
     "AnyProgress",
+    "MixPosition",
     "MixedEpochs",
     "MixedProgress",
     "Segment",
@@ -45,6 +46,15 @@ __all__ = [
     "Timeline",
     "source_seed",
 ]
+
+# A packed mixture's sources stand where the tokens read put them: known by reading, not by
+# arithmetic, so an epoch continues from the one before.
+_NO_CARRY = (
+    "a packed mixture's epoch {epoch} continues each source where the epoch before it ended "
+    "(how far a source got depends on its tokens), so it starts from the state saved at the "
+    "end of that epoch, or after iterating it in this process: load that state, or begin at "
+    "epoch 0"
+)
 
 # Stream orders a mixture keeps: a few per source and stream (its epoch and the next).
 _KEPT_ORDERS = 256
@@ -55,14 +65,35 @@ def source_seed(seed: int, name: str) -> int:
     return xxhash.xxh64_intdigest(f"{seed}:{name}".encode()) >> 1
 
 
+class MixPosition(int):
+    """A packed mixture stream's position: the sequences of the epoch handed out (the int's
+    value), and where each source's packing stands: the rows of its share it has handed out
+    over all its epochs, and the tokens of the next row handed out too. (Unpacked, a stream's
+    position in every source follows from its position; packed, from the tokens read.)"""
+
+    sources: tuple[tuple[int, int], ...]
+
+    def __new__(cls, position: int, sources: tuple[tuple[int, int], ...]) -> MixPosition:
+        value = super().__new__(cls, position)
+        value.sources = sources
+        return value
+
+    def __getnewargs__(self) -> tuple[int, tuple[tuple[int, int], ...]]:  # type: ignore[override]
+        return int(self), self.sources
+
+    def __repr__(self) -> str:
+        return f"MixPosition({int(self)}, sources={self.sources})"
+
+
 @dataclass(frozen=True)
 class SourcePlace:
-    """Where a stream stands in one source: that source's epoch, the stream's order in it, and
-    the rows of its share there it has read."""
+    """Where a stream stands in one source: that source's epoch, the stream's order in it, the
+    rows of its share there it has read, and (packed) the tokens of the next row read too."""
 
     epoch: int
     order: StreamOrder
     offset: int
+    tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,7 +114,7 @@ class Timeline:
 
     names: tuple[str, ...]
     schedule: Schedule
-    rows_per_epoch: int
+    epoch_size: int
     segment: Segment = Segment()
 
     @cached_property
@@ -148,6 +179,11 @@ class MixedProgress:
 
     def places(self, worker: int, position: int) -> list[SourcePlace]:
         """Where stream ``worker`` stands in each source after ``position`` rows of the epoch."""
+        if isinstance(position, MixPosition):
+            return [
+                self.mix.place(s, self.stream(worker), row, self.num_workers, tokens)
+                for s, (row, tokens) in enumerate(position.sources)
+            ]
         return [
             self.mix.place(s, self.stream(worker), int(n), self.num_workers)
             for s, n in enumerate(self.counts(worker, position).tolist())
@@ -162,7 +198,7 @@ class MixedProgress:
             entries = []
             for s, place in enumerate(self.places(worker, position)):
                 order, offset = place.order, place.offset
-                entry = StreamEntry(offset, 0, order.total, order.row_at(offset))
+                entry = StreamEntry(offset, place.tokens, order.total, order.row_at(offset))
                 entries.append((place.epoch, encode_stream(entry, self.mix.sources[s].index)))
             self._entries[worker] = kept = (position, entries)
         return kept[1]
@@ -215,15 +251,17 @@ class MixedEpochs:
         return replace(self, timeline=timeline, _orders={})
 
     def epoch_lengths(self, num_workers: int) -> IntArray:
-        """Positions of a mixture epoch, per stream of the job: ``rows_per_epoch`` dealt."""
+        """Positions of a mixture epoch, per stream of the job: ``epoch_size`` dealt."""
         workers = max(1, num_workers)
-        rows = self.timeline.rows_per_epoch
+        rows = self.timeline.epoch_size
         return Deal(Pieces.of([(0, 0, rows)]), self.world_size, workers, self.even_batches).shares
 
-    def place(self, source: int, stream: int, ordinal: int, num_workers: int) -> SourcePlace:
+    def place(
+        self, source: int, stream: int, ordinal: int, num_workers: int, tokens: int = 0
+    ) -> SourcePlace:
         """Where row ``ordinal`` of source ``source`` is for stream ``stream``."""
         epoch, offset = divmod(ordinal, self.share(source, stream, num_workers))
-        return SourcePlace(epoch, self.order(source, stream, epoch, num_workers), offset)
+        return SourcePlace(epoch, self.order(source, stream, epoch, num_workers), offset, tokens)
 
     def order(self, source: int, stream: int, epoch: int, num_workers: int) -> StreamOrder:
         """Stream ``stream``'s order in epoch ``epoch`` of ``source`` (the last few kept: a
@@ -279,7 +317,11 @@ class MixedEpochs:
                     f"the state holds no position for worker {worker}: it was saved by another "
                     f"worker's copy of the dataset; save the state through the loader"
                 )
-            progress.positions[worker] = int(position)
+            if self.config.packing is not None and not isinstance(position, MixPosition):
+                if start.epoch or position:
+                    raise ValueError(_NO_CARRY.format(epoch=start.epoch))
+                position = MixPosition(0, ((0, 0),) * len(self.sources))
+            progress.positions[worker] = position
             progress.counts(worker, int(position))  # not before the segment
         return progress
 

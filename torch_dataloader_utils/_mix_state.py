@@ -5,15 +5,17 @@ A mixture's state is plain JSON-safe builtins::
     version, epoch                      int      the mixture epoch
     _num_workers, _rank, _world_size    int
     _even_batches                       bool
-    _mixture     {"weights": {name: int}, "rows_per_epoch": int,
+    _mixture     {"weights": {name: int}, "epoch_size": int,
                   "segment": [epoch, [position per worker], {name: [rows read per worker]}]}
     streams      positions handed out in the epoch, one per worker stream of this rank
     cursor                              int      the worker whose batch comes next
     sources      {name: the state of that source as a dataset of its own (files, settings,
                   and per worker stream its place in its share of the source's epoch, by
-                  content), whose "epoch" is the source epoch of the first stream}
+                  content), whose "epoch" is the source epoch of the first stream, and
+                  "epochs": the source epoch of each worker stream}
 
-Each stream's place in a source follows from its position (``_mix_epochs``); the places by
+Unpacked, each stream's place in a source follows from its position (``_mix_epochs``);
+packed, it is the stored place (how far a source got depends on its tokens). The places by
 content make a changed file of any source fail to match, and the error names the source.
 """
 
@@ -25,7 +27,7 @@ from typing import Any
 from ._epoch import Start
 from ._errors import CheckpointMismatchError, InvalidStateError
 from ._log import log
-from ._mix_epochs import MixedEpochs, MixedProgress, Segment, Timeline
+from ._mix_epochs import MixedEpochs, MixedProgress, MixPosition, Segment, Timeline
 from ._schedule import Schedule
 from ._state import STATE_VERSION, StreamEntry, check_setting, decode, misplaced
 
@@ -42,6 +44,7 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
         sources[name] = {
             **mix.source_state(s, progress.num_workers),
             "epoch": 0 if known is None else known[0],
+            "epochs": [0 if e is None else e[s][0] for e in entries],
             "streams": [None if e is None else e[s][1] for e in entries],
         }
     segment = mix.timeline.segment
@@ -50,7 +53,7 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
         "epoch": progress.epoch,
         "_mixture": {
             "weights": mix.weights,
-            "rows_per_epoch": mix.timeline.rows_per_epoch,
+            "epoch_size": mix.timeline.epoch_size,
             "segment": [
                 segment.epoch,
                 list(segment.positions),
@@ -83,26 +86,33 @@ def load_mixture(
     }.items():
         check_setting(name, expected, found, where)
     stored = _stored_timeline(state)
+    then = MixedProgress(mix.following(stored), state["epoch"], workers)
+    then.positions = {w: p for w, p in enumerate(state["streams"]) if p is not None}
+    rows = {
+        name: _checked_rows(mix, then, mix.names.index(name), sub, workers)
+        for name, sub in state["sources"].items()
+        if name in mix.names
+    }
+    positions: list[int | None] = list(state["streams"])
+    if mix.config.packing is not None:  # each source where its tokens got to
+        for worker, position in then.positions.items():
+            places = tuple(rows[n][worker] if n in rows else (0, 0) for n in mix.names)
+            positions[worker] = MixPosition(position, places)
     start = Start(
         epoch=state["epoch"],
-        positions=tuple(state["streams"]),
+        positions=tuple(positions),
         cursor=state["cursor"],
         checkpoint_workers=state["_num_workers"],
         checkpoint_split=where,
     )
-    then = MixedProgress(mix.following(stored), state["epoch"], workers)
-    then.positions = {w: p for w, p in enumerate(state["streams"]) if p is not None}
-    for name, sub in state["sources"].items():
-        if name in mix.names:
-            _check_source(mix, then, mix.names.index(name), sub, workers)
     current = mix.timeline
-    if (stored.weights, stored.rows_per_epoch) == (current.weights, current.rows_per_epoch):
+    if (stored.weights, stored.epoch_size) == (current.weights, current.epoch_size):
         return start, mix.following(stored)
     if not reweight:
         raise CheckpointMismatchError(
-            f"this checkpoint's mixture is {stored.weights} with rows_per_epoch="
-            f"{stored.rows_per_epoch}, the current one {current.weights} with rows_per_epoch="
-            f"{current.rows_per_epoch}: a position reads other sources under other weights. "
+            f"this checkpoint's mixture is {stored.weights} with epoch_size="
+            f"{stored.epoch_size}, the current one {current.weights} with epoch_size="
+            f"{current.epoch_size}: a position reads other sources under other weights. "
             f"Pass reweight=True to load_state_dict to continue from the checkpoint under the "
             f"current mixture (every source continues where it stood; an added source starts "
             f"its first epoch)."
@@ -135,32 +145,46 @@ def _reweighted(then: MixedProgress, current: Timeline, workers: int) -> Timelin
         "removed %s: their rows not read yet are not read)",
         then.epoch, list(segment.positions), then.mix.weights, current.weights, added, removed,
     )  # fmt: skip
-    return Timeline(current.names, current.schedule, current.rows_per_epoch, segment)
+    return Timeline(current.names, current.schedule, current.epoch_size, segment)
 
 
-def _check_source(
+def _checked_rows(
     mix: MixedEpochs, then: MixedProgress, source: int, sub: Any, workers: int
-) -> None:
-    """The state of source ``source`` matches its files, settings and the stored positions."""
+) -> dict[int, tuple[int, int]]:
+    """Per worker, the row (over all its epochs) of source ``source`` it hands out next and
+    the tokens of it handed out, after checking the source's state against its files, its
+    settings and the stored positions."""
     name = mix.names[source]
     epochs = mix.sources[source]
+    streams = max(1, workers)
     try:
         decoded = decode(sub, index=epochs.index, settings=epochs.settings(workers))
     except (CheckpointMismatchError, InvalidStateError) as exc:
         raise _in_source(exc, name) from exc
-    stored = then.mix.names.index(name)
     entries: Sequence[StreamEntry | None] = decoded.streams
-    if len(entries) != max(1, workers):
+    source_epochs = sub.get("epochs")
+    if len(entries) != streams or not (
+        isinstance(source_epochs, list)
+        and len(source_epochs) == streams
+        and all(type(e) is int and e >= 0 for e in source_epochs)
+    ):
         raise InvalidStateError(
-            f"state key 'sources.{name}.streams' holds {len(entries)} entries for "
-            f"{max(1, workers)} stream(s): the state is corrupted"
+            f"state keys 'sources.{name}.streams' and '.epochs' must hold one entry per worker "
+            f"stream ({streams}): the state is corrupted"
         )
+    stored = then.mix.names.index(name)
+    rows = {}
     for worker, entry in enumerate(entries):
         if entry is None or worker not in then.positions:
             continue
-        ordinal = int(then.counts(worker, then.positions[worker])[stored])
-        place = mix.place(source, then.stream(worker), ordinal, workers)
-        if (entry.position, entry.rows, entry.next_row) != (
+        stream = then.stream(worker)
+        if mix.config.packing is None:
+            ordinal = int(then.counts(worker, then.positions[worker])[stored])
+        else:
+            ordinal = source_epochs[worker] * mix.share(source, stream, workers) + entry.position
+        place = mix.place(source, stream, ordinal, workers, entry.tokens)
+        if (place.epoch, entry.position, entry.rows, entry.next_row) != (
+            source_epochs[worker],
             place.offset,
             place.order.total,
             place.order.row_at(place.offset),
@@ -169,6 +193,8 @@ def _check_source(
             if entry.next_row is not None:
                 where = f"{epochs.index.describe(entry.next_row[0])} row {entry.next_row[1]}"
             raise _in_source(misplaced(where, epochs.settings(workers), worker), name)
+        rows[worker] = (ordinal, entry.tokens)
+    return rows
 
 
 def _in_source(exc: CheckpointMismatchError | InvalidStateError, name: str) -> Exception:
@@ -183,7 +209,7 @@ def _in_source(exc: CheckpointMismatchError | InvalidStateError, name: str) -> E
 
 def _stored_timeline(state: Mapping[str, Any]) -> Timeline:
     mixture = state["_mixture"]
-    weights, rows, segment = (mixture.get(k) for k in ("weights", "rows_per_epoch", "segment"))
+    weights, rows, segment = (mixture.get(k) for k in ("weights", "epoch_size", "segment"))
     if not (
         isinstance(weights, dict)
         and weights
@@ -196,7 +222,7 @@ def _stored_timeline(state: Mapping[str, Any]) -> Timeline:
         )
     if type(rows) is not int or rows < 1:
         raise InvalidStateError(
-            f"state key '_mixture.rows_per_epoch' must be an int >= 1, got {rows!r:.80}"
+            f"state key '_mixture.epoch_size' must be an int >= 1, got {rows!r:.80}"
         )
     if not (
         isinstance(segment, list)

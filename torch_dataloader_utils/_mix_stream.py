@@ -3,21 +3,27 @@ schedule, in chunks whose rows are in the order of the mixed positions."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.types as pat
 
-from ._mix_epochs import MixedProgress
+from ._errors import DataSourceError
+from ._mix_epochs import MixedProgress, MixPosition
 from ._stream import Position, SourceFiles
+from ._tokens import IntArray, Pending, TokenPacking, documents, packed_batch
 
 __all__ = ["MixedSource"]
 
 # Mixed positions assembled at a time (at least a batch): one gather of every column per chunk.
 _MIX_ROWS = 16_384
+# Chunks without a token a packed source may read in a row before it is refused.
+_MAX_EMPTY_CHUNKS = 1000
 
 
 @dataclass(frozen=True)
@@ -78,9 +84,59 @@ class MixedSource:
             for feed in feeds:
                 feed.close()
 
+    def packed(
+        self,
+        packing: TokenPacking,
+        *,
+        start: Position,
+        batch_size: int,
+        drop_last: bool,
+        skips: Mapping[int, int],
+        read_ahead: int = 0,
+        position_ids: object = None,
+    ) -> Iterator[tuple[dict[str, Any], Position]]:
+        """Batches of ``batch_size`` sequences from ``start`` to the end of the epoch: each
+        source packs its own documents, and the schedule deals the sequences."""
+        progress, seq_len = self.progress, packing.seq_len
+        assert isinstance(start, MixPosition)
+        packers = []
+        for s, (row, tokens) in enumerate(start.sources):
+            epoch, offset = divmod(row, progress.mix.share(s, progress.stream(self.worker),
+                                                           progress.num_workers))  # fmt: skip
+            feed = _Feed(self, s, epoch, offset, 1, read_ahead)
+            describe = functools.partial(self._describe_row, s)
+            packers.append(_Packer(feed, packing, row, tokens, describe))
+        end = (
+            self.total if not drop_last else start + (self.total - start) // batch_size * batch_size
+        )
+        try:
+            for lo in range(start, end, batch_size):
+                hi = min(lo + batch_size, end)
+                ids = progress.sources(self.worker, lo, hi)
+                counts = np.bincount(ids, minlength=len(packers))
+                blocks = [p.take(int(n)) for p, n in zip(packers, counts, strict=True)]
+                batch = _mixed_sequences(blocks, ids, seq_len, position_ids)
+                if progress.mix.source_column is not None:
+                    batch[progress.mix.source_column] = ids
+                yield batch, MixPosition(hi, tuple(p.position for p in packers))
+        finally:
+            for packer in packers:
+                packer.close()
+
+    def _describe_row(self, source: int, row: int) -> str:
+        """Row ``row`` (over all epochs) of source ``source`` of this stream, for errors."""
+        progress = self.progress
+        place = progress.mix.place(source, progress.stream(self.worker), max(0, row - 1),
+                                   progress.num_workers)  # fmt: skip
+        return (
+            f"source {progress.mix.names[source]!r} epoch {place.epoch}: "
+            f"{place.order.describe_at(place.offset + 1)}"
+        )
+
 
 class _Feed:
-    """One source's rows for one stream, from a place on, epoch after epoch."""
+    """One source's rows for one stream, from a place on, epoch after epoch; rows are counted
+    over all its epochs (row ``r`` of epoch ``e``'s share is ``e * share + r``)."""
 
     def __init__(
         self, mixed: MixedSource, source: int, epoch: int, offset: int, min_rows: int,
@@ -88,6 +144,10 @@ class _Feed:
     ) -> None:  # fmt: skip
         self._mixed, self._source = mixed, source
         self._min_rows, self._read_ahead = min_rows, read_ahead
+        progress = mixed.progress
+        self._share = progress.mix.share(
+            source, progress.stream(mixed.worker), progress.num_workers
+        )
         self._epoch = epoch
         self._chunks = self._open(offset)
         self._held: list[pa.RecordBatch] = []
@@ -101,17 +161,23 @@ class _Feed:
         source = self._mixed.sources[self._source].stream(order)
         return source.chunks(offset, self._min_rows, self._read_ahead)
 
+    def next_chunk(self) -> tuple[pa.RecordBatch, int]:
+        """The next decoded chunk, and the row (over all epochs) after its last."""
+        for _ in range(2):
+            chunk = next(self._chunks, None)
+            if chunk is not None:
+                return chunk[0], self._epoch * self._share + chunk[1]
+            self._chunks.close()  # type: ignore[attr-defined]
+            self._epoch += 1  # this epoch of the source is over: its next one
+            self._chunks = self._open(0)
+        raise AssertionError("a source epoch of a stream holds at least one row")
+
     def take(self, rows: int) -> list[pa.RecordBatch]:
         """The next ``rows`` rows (slices of the decoded chunks)."""
         while self._rows < rows:
-            chunk = next(self._chunks, None)
-            if chunk is None:  # this epoch of the source is over: its next one
-                self._chunks.close()  # type: ignore[attr-defined]
-                self._epoch += 1
-                self._chunks = self._open(0)
-                continue
-            self._held.append(chunk[0])
-            self._rows += chunk[0].num_rows
+            chunk, _ = self.next_chunk()
+            self._held.append(chunk)
+            self._rows += chunk.num_rows
         out, need = [], rows
         while need:
             head = self._held[0]
@@ -127,6 +193,49 @@ class _Feed:
 
     def close(self) -> None:
         self._chunks.close()  # type: ignore[attr-defined]
+
+
+class _Packer:
+    """One source's documents for one stream, packed: whole sequences on demand, from a row
+    (over all the source's epochs) and the tokens of it already handed out."""
+
+    def __init__(self, feed: _Feed, packing: TokenPacking, row: int, tokens: int,
+                 describe: Callable[[int], str]) -> None:  # fmt: skip
+        self._feed, self._packing, self._describe = feed, packing, describe
+        self._skips = {row: tokens} if tokens else {}
+        self._pending: Pending | None = None
+        self.position = (row, tokens)
+
+    def take(self, sequences: int) -> tuple[npt.NDArray[Any], IntArray]:
+        """The tokens of the next ``sequences`` sequences, and where documents start in them."""
+        need = sequences * self._packing.seq_len
+        if not need:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        empty_chunks = 0
+        while self._pending is None or self._pending.size < need:
+            chunk, after = self._feed.next_chunk()
+            tokens, rows, starts, skipped = documents(
+                chunk, self._packing, after - chunk.num_rows, self._skips, self._describe
+            )
+            if self._pending is None:
+                self._pending = Pending([], rows[:0], starts[:0], skipped[:0])
+            self._pending.extend(tokens, rows, starts, skipped)
+            empty_chunks = empty_chunks + 1 if not len(tokens) else 0
+            if empty_chunks > _MAX_EMPTY_CHUNKS:
+                raise DataSourceError(
+                    f"{self._describe(after)}: {empty_chunks} chunks in a row without a token; "
+                    f"a packed source needs tokens (or a separator) to make sequences"
+                )
+        pending = self._pending
+        tokens = pending.tokens(0, need)
+        starts = pending.starts_within(0, need)
+        after = pending.position_after(need)
+        pending.drop(need)
+        self.position = (int(after), after.tokens)
+        return tokens, starts
+
+    def close(self) -> None:
+        self._feed.close()
 
 
 def _interleaved(
@@ -166,3 +275,24 @@ def _column(pieces: list[pa.Array], places: npt.NDArray[np.intp]) -> pa.Array:
     index = np.empty(len(places), dtype=np.int64)
     index[places] = np.arange(len(places), dtype=np.int64)
     return pa.concat_arrays(pieces).take(pa.array(index))
+
+
+def _mixed_sequences(
+    blocks: list[tuple[npt.NDArray[Any], IntArray]],
+    ids: npt.NDArray[np.int16],
+    seq_len: int,
+    position_ids: object,
+) -> dict[str, Any]:
+    """A packed batch whose sequence ``i`` is the next sequence of source ``ids[i]``:
+    ``blocks[s]`` holds source ``s``'s sequences (tokens, document starts)."""
+    places = np.argsort(ids, kind="stable")  # the output row of each sequence, source by source
+    tokens = [t for t, _ in blocks if len(t)]
+    joined = tokens[0] if len(tokens) == 1 else np.concatenate(tokens)
+    out = np.empty((len(ids), seq_len), dtype=joined.dtype)
+    out[places] = joined.reshape(-1, seq_len)
+    starts, first = [], 0
+    for block_tokens, block_starts in blocks:
+        rows = first + block_starts // seq_len
+        starts.append(places[rows] * seq_len + block_starts % seq_len)
+        first += len(block_tokens) // seq_len
+    return packed_batch(out.reshape(-1), np.sort(np.concatenate(starts)), seq_len, position_ids)

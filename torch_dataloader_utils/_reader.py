@@ -15,7 +15,7 @@ from ._convert import convert
 from ._errors import DataSourceError
 from ._packets import batch_parts, chunk_parts, run_sizes, send
 from ._stream import ChunkSource, Position, Run, read_stream
-from ._tokens import pack_tokens, positions_from_bounds
+from ._tokens import positions_from_bounds
 from ._transport import Derived, Packet, SharedSlots
 
 __all__ = ["StreamReader"]
@@ -69,15 +69,13 @@ class StreamReader:
         make again from ``cu_seqlens``."""
         packing = self.config.packing
         assert packing is not None
-        chunks = self.source.chunks(self.start, 1, read_ahead)
-        packed = pack_tokens(
-            chunks,
-            packing=packing,
+        packed = self.source.packed(
+            packing,
+            start=self.start,
             batch_size=self.config.batch_size,
             drop_last=self.config.drop_last,
             skips=self.skips,
-            end=self.source.total,
-            describe=self.source.describe_at,
+            read_ahead=read_ahead,
             position_ids=position_ids,
         )
         for arrays, position in packed:

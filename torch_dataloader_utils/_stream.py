@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ from ._plan import Pieces
 from ._prefetch import prefetch
 from ._remote import WINDOW, Group, Key, PieceReads, ReadAhead, RemoteObject, plan_groups
 from ._storage import Storage
+from ._tokens import TokenPacking, pack_tokens
 
 __all__ = ["ChunkSource", "Position", "Run", "SourceFiles", "StreamSource", "read_stream"]
 
@@ -108,6 +109,30 @@ class StreamSource:
             return prefetch(chunks, read_ahead)
         return chunks
 
+    def packed(
+        self,
+        packing: TokenPacking,
+        *,
+        start: Position,
+        batch_size: int,
+        drop_last: bool,
+        skips: Mapping[int, int],
+        read_ahead: int = 0,
+        position_ids: object = None,
+    ) -> Iterator[tuple[dict[str, Any], Position]]:
+        """Packed batches of the stream from ``start`` (``_tokens.pack_tokens``); ``skips``:
+        tokens of rows of the share an earlier iteration delivered."""
+        return pack_tokens(
+            self.chunks(start, 1, read_ahead),
+            packing=packing,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            skips=skips,
+            end=self.total,
+            describe=self.describe_at,
+            position_ids=position_ids,
+        )
+
     def older(self, stream: int) -> StreamSource:
         """Stream ``stream`` of the previous deal, whose rest this stream was dealt."""
         return replace(self, order=self.order.older(stream))
@@ -141,6 +166,18 @@ class ChunkSource(Protocol):
     def chunks(
         self, start: Position, min_rows: int, read_ahead: int = 0
     ) -> Iterator[tuple[pa.RecordBatch, int]]: ...
+
+    def packed(
+        self,
+        packing: TokenPacking,
+        *,
+        start: Position,
+        batch_size: int,
+        drop_last: bool,
+        skips: Mapping[int, int],
+        read_ahead: int = 0,
+        position_ids: object = None,
+    ) -> Iterator[tuple[dict[str, Any], Position]]: ...
 
 
 def read_stream(
