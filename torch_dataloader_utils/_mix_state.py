@@ -64,7 +64,9 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
         "_rank": mix.rank,
         "_world_size": mix.world_size,
         "_even_batches": mix.even_batches,
-        "streams": [progress.positions.get(w) for w in range(streams)],
+        "streams": [
+            None if p is None else int(p) for p in map(progress.positions.get, range(streams))
+        ],
         "cursor": progress.cursor,
         "sources": sources,
     }
