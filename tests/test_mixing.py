@@ -179,9 +179,15 @@ def test_every_row_of_a_source_once_per_source_epoch(
 def test_resume_is_exact_at_any_batch(
     tmp_path_factory: pytest.TempPathFactory, case: dict[str, Any], stop: int, data: Any
 ) -> None:
-    """A checkpoint after any batch of epoch 0 or 1, through JSON, continues the same batches."""
+    """A checkpoint after any batch of epoch 0 or 1, through JSON, continues the same batches
+    (the last source of two or more may have a maximum number of epochs)."""
     root = tmp_path_factory.mktemp("mix")
-    paths = {f"s{i}": write_source(root, f"s{i}", i, n) for i, n in enumerate(case["rows"])}
+    paths: dict[str, Any] = {
+        f"s{i}": write_source(root, f"s{i}", i, n) for i, n in enumerate(case["rows"])
+    }
+    limit = data.draw(st.one_of(st.none(), st.integers(1, 2)))
+    if len(paths) > 1 and limit is not None:
+        paths[f"s{len(paths) - 1}"] = Source(path=paths[f"s{len(paths) - 1}"], max_epochs=limit)
     kwargs = {
         "weights": dict(zip(paths, case["weights"], strict=True)),
         "batch_size": case["batch_size"], "shuffle": case["shuffle"],
@@ -536,3 +542,104 @@ def test_a_packed_mixture_state_is_builtins_only(tmp_path: Path) -> None:
     loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
     loader.load_state_dict(state)
     assert [b["input_ids"].tolist() for b in loader] == expected
+
+
+# ----------------------------------------------------------------------------- exhaustion
+
+
+@given(
+    rows=st.lists(st.integers(12, 80), min_size=2, max_size=3),
+    weights=st.lists(st.integers(1, 6), min_size=3, max_size=3),
+    limits=st.lists(st.one_of(st.none(), st.integers(1, 2)), min_size=3, max_size=3),
+    stop=st.booleans(),
+    world_size=st.integers(1, 2),
+    workers=st.integers(0, 2),
+    shuffle=st.booleans(),
+)
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_a_source_stops_after_its_max_epochs(
+    tmp_path_factory: pytest.TempPathFactory,
+    rows: list[int],
+    weights: list[int],
+    limits: list[int | None],
+    stop: bool,
+    world_size: int,
+    workers: int,
+    shuffle: bool,
+) -> None:
+    """Each stream reads exactly ``max_epochs`` epochs of a limited source (every row once
+    per epoch), then the others go on (renormalize), or the stream ends right after that
+    source's last row (stop)."""
+    root = tmp_path_factory.mktemp("limits")
+    count = len(rows)
+    policy = "stop" if stop else "renormalize"
+    paths = {
+        f"s{i}": Source(path=write_source(root, f"s{i}", i, n), max_epochs=limits[i],
+                        when_exhausted=policy)
+        for i, n in enumerate(rows)
+    }  # fmt: skip
+    per_stream = []
+    for rank in range(world_size):
+        ds = StructuredDataset(
+            paths, weights=dict(zip(paths, weights[:count], strict=True)), batch_size=7,
+            shuffle=shuffle, rank=rank, world_size=world_size, even_batches=False,
+            epoch_size=3000 * world_size * max(1, workers),  # long enough to run out
+        )  # fmt: skip
+        streams = [stream_batches(ds, 0, workers)]
+        for w in range(max(1, workers)):
+            ids = np.concatenate([b for epoch in streams for b in epoch[w]] or [np.empty(0, int)])
+            sources = ids // _SPAN
+            g = rank * max(1, workers) + w
+            read = np.bincount(sources, minlength=count)
+            quota = [limits[s] and limits[s] * shares(rows[s], world_size * max(1, workers))[g]
+                     for s in range(count)]  # fmt: skip
+            limited = [s for s in range(count) if quota[s]]
+            assert all(read[s] <= quota[s] for s in limited)
+            ran_out = [s for s in limited if read[s] == quota[s]]
+            if stop and limited:  # the stream ends right after the first one's last row
+                assert ran_out and sources[-1] in ran_out
+            else:  # renormalize: every limited source runs out, the others go on
+                assert ran_out == limited
+            per_stream.append(ids)
+    assert_each_source_epoch_once(per_stream, rows)
+
+
+def test_exhaustion_policies_are_checked(tmp_path: Path) -> None:
+    a, b = write_source(tmp_path, "a", 0, 40), write_source(tmp_path, "b", 1, 40)
+    with pytest.raises(ValueError, match="when_exhausted of source 'a' must be one of"):
+        StructuredDataset({"a": Source(path=a, max_epochs=1, when_exhausted="halt"), "b": b},
+                          weights={"a": 1, "b": 1})  # fmt: skip
+    with pytest.raises(ValueError, match="DDP would hang"):
+        StructuredDataset({"a": Source(path=a, max_epochs=1, when_exhausted="stop"), "b": b},
+                          weights={"a": 1, "b": 1}, rank=0, world_size=2)  # fmt: skip
+    docs = {
+        "a": write_documents(tmp_path, "da", 0, 20),
+        "b": write_documents(tmp_path, "db", 1, 20),
+    }
+    with pytest.raises(ValueError, match="max_epochs with packing"):
+        StructuredDataset({"a": Source(path=docs["a"], max_epochs=1), "b": docs["b"]},
+                          weights={"a": 1, "b": 1}, epoch_size=10,
+                          packing=TokenPacking("tokens", seq_len=4))  # fmt: skip
+
+
+def test_a_changed_policy_needs_reweight(tmp_path: Path) -> None:
+    a, b = write_source(tmp_path, "a", 0, 40), write_source(tmp_path, "b", 1, 40)
+    loader, _ = StructuredDataset.create_dataloader(
+        {"a": Source(path=a, max_epochs=1), "b": b}, weights={"a": 1, "b": 1}, batch_size=6
+    )
+    it = iter(loader)
+    first = [next(it)["id"].tolist() for _ in range(5)]
+    state = loader.state_dict()
+    rest = [batch["id"].tolist() for batch in it]
+    loader, _ = StructuredDataset.create_dataloader(
+        {"a": a, "b": b}, weights={"a": 1, "b": 1}, batch_size=6
+    )
+    with pytest.raises(CheckpointMismatchError, match="policies"):
+        loader.load_state_dict(state)
+    loader, _ = StructuredDataset.create_dataloader(
+        {"a": Source(path=a, max_epochs=1), "b": b}, weights={"a": 1, "b": 1}, batch_size=6
+    )
+    loader.load_state_dict(json.loads(json.dumps(state)))
+    assert first + [batch["id"].tolist() for batch in loader] == first + rest

@@ -236,10 +236,14 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             names,
             Schedule(tuple(spec.weight for spec in specs)),
             total if epoch_size is None else epoch_size,
+            max_epochs=tuple(spec.max_epochs for spec in specs),
+            stops=tuple(spec.stops for spec in specs),
         )
+        _check_policies(timeline, config, even and self._world_size > 1)
         mix = MixedEpochs(
             timeline=timeline,
             sources=tuple(sources),
+            source_names=names,
             config=config,
             rank=self._rank,
             world_size=self._world_size,
@@ -564,6 +568,25 @@ _NOT_OUR_LOADER = (
     "loader's state in each checkpoint and resumes from it. Elsewhere, iterate the loader from "
     "create_dataloader itself and resume with loader.load_state_dict(state) (docs/trainers.md)"
 )
+
+
+def _check_policies(timeline: Timeline, config: DatasetConfig, lockstep: bool) -> None:
+    """Refuse exhaustion policies the mixture cannot honour: packed (a source runs out when
+    its tokens do, known only by reading), or ending streams at different batches under DDP."""
+    if not timeline.policies:
+        return
+    if config.packing is not None:
+        raise ValueError(
+            f"max_epochs with packing is not supported yet (sources {list(timeline.policies)}): "
+            f"a packed source runs out when its tokens do"
+        )
+    limited = all(m is not None for m in timeline.max_epochs)
+    if lockstep and (any(timeline.stops) or limited):
+        raise ValueError(
+            "under DDP with even_batches, a mixture's streams must not end (each would end at "
+            "its own batch, and DDP would hang): let at least one source cycle (no "
+            "max_epochs) and use when_exhausted='renormalize'"
+        )
 
 
 def _encoded(epochs: Epochs | MixedEpochs, progress: AnyProgress) -> dict[str, Any]:

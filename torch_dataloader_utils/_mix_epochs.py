@@ -32,6 +32,7 @@ from ._config import DatasetConfig
 from ._epoch import Epochs, Progress, Start
 from ._errors import InvalidStateError
 from ._order import StreamOrder
+from ._phases import Phase, phase_counts, phase_sources, phases, stream_end
 from ._plan import Deal, IntArray, Pieces
 from ._schedule import Schedule
 from ._state import StreamEntry, check_setting, encode_stream
@@ -110,16 +111,31 @@ class Segment:
 @dataclass(frozen=True)
 class Timeline:
     """Which source each position of each stream reads: the sources' names and schedule, the
-    positions of an epoch, and the segment the schedule counts from."""
+    positions of an epoch, the segment the schedule counts from, and each source's maximum
+    number of epochs (``None``: it cycles) and whether reaching it ends the stream (``stops``)
+    or leaves the others to go on."""
 
     names: tuple[str, ...]
     schedule: Schedule
     epoch_size: int
     segment: Segment = Segment()
+    max_epochs: tuple[int | None, ...] = ()
+    stops: tuple[bool, ...] = ()
 
     @cached_property
     def weights(self) -> dict[str, int]:
         return dict(zip(self.names, self.schedule.weights, strict=True))
+
+    @cached_property
+    def policies(self) -> dict[str, list[Any]]:
+        """Each limited source's ``[max_epochs, "stop" | "renormalize"]``."""
+        limits = self.max_epochs or (None,) * len(self.names)
+        stops = self.stops or (False,) * len(self.names)
+        return {
+            name: [limit, "stop" if stop else "renormalize"]
+            for name, limit, stop in zip(self.names, limits, stops, strict=True)
+            if limit is not None
+        }
 
     def offset(self, length: int, worker: int, epoch: int, position: int) -> int:
         """Position ``position`` of epoch ``epoch`` of stream ``worker`` (of epochs of
@@ -135,13 +151,16 @@ class Timeline:
             )
         return offset
 
-    def counts(self, length: int, worker: int, epoch: int, position: int) -> IntArray:
-        """Rows of each source stream ``worker`` has read after ``position`` positions of
-        epoch ``epoch``."""
-        counts = self.schedule.counts(self.offset(length, worker, epoch, position))
-        segment = self.segment
-        base = [segment.counts[n][worker] if n in segment.counts else 0 for n in self.names]
-        return np.array(base, dtype=np.int64) + counts
+    def phases(self, worker: int, shares: tuple[int, ...]) -> tuple[Phase, ...]:
+        """Stream ``worker``'s phases; ``shares``: its rows of one epoch of each source."""
+        segment, count = self.segment, len(self.names)
+        base = tuple(segment.counts[n][worker] if n in segment.counts else 0 for n in self.names)
+        limits = tuple(
+            None if m is None or not q else m * q
+            for m, q in zip(self.max_epochs or (None,) * count, shares, strict=True)
+        )
+        stops = self.stops or (False,) * count
+        return phases(self.schedule.weights, base, limits, stops)
 
 
 @dataclass
@@ -169,13 +188,41 @@ class MixedProgress:
         """Positions of this epoch for stream ``worker``."""
         return int(self.mix.epoch_lengths(self.num_workers)[self.stream(worker)])
 
+    def shares(self, worker: int) -> tuple[int, ...]:
+        """Rows of one epoch of each source of the timeline that stream ``worker`` reads (0:
+        a source this mixture no longer has)."""
+        stream, known = self.stream(worker), self.mix.source_names
+        return tuple(
+            self.mix.share(known.index(n), stream, self.num_workers) if n in known else 0
+            for n in self.mix.timeline.names
+        )
+
+    def _phases(self, worker: int) -> tuple[Phase, ...]:
+        return self.mix.timeline.phases(worker, self.shares(worker))
+
+    def _offset(self, worker: int, position: int) -> int:
+        return self.mix.timeline.offset(self.length(worker), worker, self.epoch, position)
+
     def counts(self, worker: int, position: int) -> IntArray:
-        return self.mix.timeline.counts(self.length(worker), worker, self.epoch, position)
+        """Rows of each source stream ``worker`` has read after ``position`` of the epoch."""
+        return phase_counts(self._phases(worker), self._offset(worker, position))
 
     def sources(self, worker: int, start: int, stop: int) -> npt.NDArray[np.int16]:
         """The source of each of positions ``[start, stop)`` of stream ``worker``."""
-        offset = self.mix.timeline.offset(self.length(worker), worker, self.epoch, start)
-        return self.mix.timeline.schedule.sources(offset, offset + stop - start)
+        offset = self._offset(worker, start)
+        return phase_sources(self._phases(worker), offset, offset + stop - start)
+
+    def total(self, worker: int) -> int:
+        """Positions stream ``worker`` has in this epoch: its share of ``epoch_size``, or
+        fewer where its sources ran out."""
+        length = self.length(worker)
+        end = stream_end(self._phases(worker))
+        if end is None:
+            return length
+        segment = self.mix.timeline.segment
+        begin = segment.positions[worker] if segment.positions else 0
+        first = (self.epoch - segment.epoch) * length - begin  # schedule position of 0 (+begin)
+        return int(min(length, max(0, end - first)))
 
     def places(self, worker: int, position: int) -> list[SourcePlace]:
         """Where stream ``worker`` stands in each source after ``position`` rows of the epoch."""
@@ -210,10 +257,11 @@ class MixedProgress:
 @dataclass(frozen=True, kw_only=True)
 class MixedEpochs:
     """The pure part of a mixture: its sources' ``Epochs`` (each dealt to the job's streams,
-    never evened, in the order of ``timeline.names``) and its timeline."""
+    never evened) and its timeline (a loaded state's, whose names may differ, only counts)."""
 
     timeline: Timeline
     sources: tuple[Epochs, ...]
+    source_names: tuple[str, ...]  # of ``sources``: the timeline's names, or a loaded state's
     config: DatasetConfig
     rank: int
     world_size: int
@@ -326,9 +374,9 @@ class MixedEpochs:
         return progress
 
     def batches(self, start: Start, num_workers: int) -> int:
-        lengths = self.epoch_lengths(num_workers)
-        streams = max(1, num_workers)
-        rows = lengths[self.rank * streams : (self.rank + 1) * streams]
+        """Batches this rank yields in ``start``'s epoch."""
+        progress = MixedProgress(self, start.epoch, num_workers)
+        rows = np.array([progress.total(w) for w in range(max(1, num_workers))])
         size = self.config.batch_size
         per_stream = rows // size if self.config.drop_last else -(-rows // size)
         return int(per_stream.sum())

@@ -6,6 +6,7 @@ A mixture's state is plain JSON-safe builtins::
     _num_workers, _rank, _world_size    int
     _even_batches                       bool
     _mixture     {"weights": {name: int}, "epoch_size": int,
+                  "policies": {name: [max_epochs, "stop" | "renormalize"]} (limited sources),
                   "segment": [epoch, [position per worker], {name: [rows read per worker]}]}
     streams      positions handed out in the epoch, one per worker stream of this rank
     cursor                              int      the worker whose batch comes next
@@ -22,6 +23,7 @@ content make a changed file of any source fail to match, and the error names the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ._epoch import Start
@@ -54,6 +56,7 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
         "_mixture": {
             "weights": mix.weights,
             "epoch_size": mix.timeline.epoch_size,
+            "policies": mix.timeline.policies,
             "segment": [
                 segment.epoch,
                 list(segment.positions),
@@ -108,13 +111,12 @@ def load_mixture(
         checkpoint_split=where,
     )
     current = mix.timeline
-    if (stored.weights, stored.epoch_size) == (current.weights, current.epoch_size):
+    if _described(stored) == _described(current):
         return start, mix.following(stored)
     if not reweight:
         raise CheckpointMismatchError(
-            f"this checkpoint's mixture is {stored.weights} with epoch_size="
-            f"{stored.epoch_size}, the current one {current.weights} with epoch_size="
-            f"{current.epoch_size}: a position reads other sources under other weights. "
+            f"this checkpoint's mixture is {_described(stored)}, the current one "
+            f"{_described(current)}: a position reads other sources under other weights. "
             f"Pass reweight=True to load_state_dict to continue from the checkpoint under the "
             f"current mixture (every source continues where it stood; an added source starts "
             f"its first epoch)."
@@ -125,9 +127,24 @@ def load_mixture(
     return start, mix.following(_reweighted(then, current, workers))
 
 
+def _described(timeline: Timeline) -> str:
+    """What of a mixture a state compares: its weights, epoch size and policies."""
+    text = f"{timeline.weights} with epoch_size={timeline.epoch_size}"
+    return text + (f", policies {timeline.policies}" if timeline.policies else "")
+
+
 def _reweighted(then: MixedProgress, current: Timeline, workers: int) -> Timeline:
     """``current`` counting on from where the streams of ``then`` stood."""
     streams = max(1, workers)
+    gone = [n for n in then.mix.timeline.policies if n not in current.names]
+    if gone:
+        raise CheckpointMismatchError(
+            f"sources {gone} had max_epochs in the checkpoint's mixture and are not in the "
+            f"current one: where the other sources stood depends on when they ran out, which "
+            f"needs their files; keep them (their rows are not read once they ran out)",
+            split=f"mixture {list(then.mix.timeline.names)}", field="sources",
+            expected=list(then.mix.timeline.names), found=list(current.names),
+        )  # fmt: skip
     if len(then.positions) != streams:
         raise InvalidStateError(
             "a state without every worker's position (saved by a DataLoader worker's copy of "
@@ -147,7 +164,7 @@ def _reweighted(then: MixedProgress, current: Timeline, workers: int) -> Timelin
         "removed %s: their rows not read yet are not read)",
         then.epoch, list(segment.positions), then.mix.weights, current.weights, added, removed,
     )  # fmt: skip
-    return Timeline(current.names, current.schedule, current.epoch_size, segment)
+    return replace(current, segment=segment)
 
 
 def _checked_rows(
@@ -249,11 +266,30 @@ def _stored_timeline(state: Mapping[str, Any]) -> Timeline:
         schedule = Schedule(tuple(weights.values()))
     except ValueError as exc:
         raise InvalidStateError(f"state key '_mixture.weights': {exc}") from exc
+    policies = mixture.get("policies", {})
+    if not (
+        isinstance(policies, dict)
+        and all(
+            n in weights
+            and isinstance(p, list)
+            and len(p) == 2
+            and type(p[0]) is int
+            and p[0] >= 1
+            and p[1] in ("stop", "renormalize")
+            for n, p in policies.items()
+        )
+    ):
+        raise InvalidStateError(
+            f"state key '_mixture.policies' must map sources to [max_epochs >= 1, 'stop' | "
+            f"'renormalize'], got {policies!r:.200}"
+        )
     return Timeline(
         tuple(weights),
         schedule,
         rows,
         Segment(segment[0], tuple(segment[1]), {n: tuple(c) for n, c in segment[2].items()}),
+        max_epochs=tuple(policies[n][0] if n in policies else None for n in weights),
+        stops=tuple(n in policies and policies[n][1] == "stop" for n in weights),
     )
 
 

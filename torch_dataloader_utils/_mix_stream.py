@@ -46,9 +46,7 @@ class MixedSource:
 
     @property
     def total(self) -> int:
-        mix = self.progress.mix
-        lengths = mix.epoch_lengths(self.progress.num_workers)
-        return int(lengths[self.progress.stream(self.worker)])
+        return self.progress.total(self.worker)
 
     def describe_at(self, position: Position) -> str:
         """The source rows just before ``position``: each source's split there."""

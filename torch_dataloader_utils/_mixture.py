@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._args import whole
+from ._args import optional_whole, whole
 from ._errors import SchemaMismatchError
 
 __all__ = ["Source", "SourceSpec", "check_schemas", "mixture_sources"]
@@ -21,12 +21,18 @@ class Source:
 
     ``create_dataloader({"web": Source(path="s3://web/", storage_options=...), "code":
     "data/code/"}, weights={"web": 7, "code": 3})``; a plain path stands for ``Source(path=...)``.
+
+    A source cycles through its epochs; with ``max_epochs`` each stream reads at most that many
+    epochs of it, and then ``when_exhausted="renormalize"`` lets the other sources go on under
+    their own weights, ``"stop"`` ends the stream.
     """
 
     path: str | Sequence[str]
     format: str | None = None
     storage_options: Mapping[str, Any] | None = None
     split_bytes: int | None = None
+    max_epochs: int | None = None
+    when_exhausted: str = "renormalize"
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,8 @@ class SourceSpec:
     format: str
     storage_options: Mapping[str, Any] | None
     split_bytes: int
+    max_epochs: int | None
+    stops: bool
 
 
 def mixture_sources(
@@ -82,9 +90,24 @@ def mixture_sources(
                 split_bytes=split_bytes
                 if source.split_bytes is None
                 else whole(f"split_bytes of source {name!r}", source.split_bytes, at_least=1),
+                max_epochs=optional_whole(
+                    f"max_epochs of source {name!r}", source.max_epochs, at_least=1
+                ),
+                stops=_stops(name, source.when_exhausted),
             )
         )
     return tuple(specs)
+
+
+def _stops(name: str, policy: object) -> bool:
+    if policy not in _POLICIES:
+        raise ValueError(
+            f"when_exhausted of source {name!r} must be one of {list(_POLICIES)}, got {policy!r}"
+        )
+    return policy == "stop"
+
+
+_POLICIES = ("renormalize", "stop")
 
 
 def check_schemas(names: Sequence[str], schemas: Sequence[pa.Schema]) -> None:

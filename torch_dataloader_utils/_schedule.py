@@ -66,6 +66,16 @@ class Schedule:
         counts = np.bincount(self.period[:rest], minlength=len(self.weights)).astype(np.int64)
         return counts + periods * np.array(self.reduced, dtype=np.int64)
 
+    def position_after(self, source: int, count: int) -> int:
+        """The position just after source ``source``'s ``count``-th (``count >= 1``)."""
+        periods, rest = divmod(count - 1, self.reduced[source])
+        return periods * self.period_length + int(self._occurrences[source][rest]) + 1
+
+    @cached_property
+    def _occurrences(self) -> list[npt.NDArray[np.intp]]:
+        """The places of each source in the period."""
+        return [np.flatnonzero(self.period == s) for s in range(len(self.weights))]
+
     def sources(self, start: int, stop: int) -> npt.NDArray[np.int16]:
         """The source of each position in ``[start, stop)``."""
         return self.period[np.arange(start, stop, dtype=np.int64) % self.period_length]
