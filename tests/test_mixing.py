@@ -643,3 +643,35 @@ def test_a_changed_policy_needs_reweight(tmp_path: Path) -> None:
     )
     loader.load_state_dict(json.loads(json.dumps(state)))
     assert first + [batch["id"].tolist() for batch in loader] == first + rest
+
+
+def test_the_plan_command_shows_what_a_step_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``plan --source ... --step K`` names the source, file and row of every row of batch
+    ``K``, as the loader then delivers it; and the rows of each source an epoch reads."""
+    from torch_dataloader_utils._cli import main
+
+    rows = {"web": 70, "code": 30, "math": 12}
+    paths = {n: write_source(tmp_path, n, i, r) for i, (n, r) in enumerate(rows.items())}
+    weights = {"web": 6, "code": 3, "math": 1}
+    loader, _ = StructuredDataset.create_dataloader(
+        paths, weights=weights, batch_size=8, shuffle=True
+    )
+    batches = list(loader)
+    args = ["plan", "--shuffle", "--batch-size", "8", "--json", "--step", "3"]
+    for name in rows:
+        args += ["--source", f"{name}={paths[name]}", "--weight", f"{name}={weights[name]}"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    first_rows = {}  # the first row of each file, as write_source spreads them
+    for number, (name, count) in enumerate(rows.items()):
+        for f, lo in enumerate(np.linspace(0, count, 3).astype(int)[:2]):
+            first_rows[f"{paths[name]}/part-{f}.parquet"] = number * _SPAN + lo
+    listed = [first_rows[r["file"]] + r["row"] for r in report["step"]["rows"]]
+    assert listed == batches[3]["id"].tolist()
+    stream = report["streams"][0][0]
+    ids = np.concatenate([b["id"].numpy() for b in batches])
+    assert stream["rows"] == {n: int((ids // _SPAN == i).sum()) for i, n in enumerate(rows)}
+    wrapped = [n for n in rows if stream["rows"][n] >= rows[n]]  # read past its rows
+    assert [w["source"] for w in stream["wraps"]] == wrapped == ["code"]
