@@ -4,8 +4,10 @@ the errors a wrong mixture or state gets."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -675,3 +677,146 @@ def test_the_plan_command_shows_what_a_step_reads(
     assert stream["rows"] == {n: int((ids // _SPAN == i).sum()) for i, n in enumerate(rows)}
     wrapped = [n for n in rows if stream["rows"][n] >= rows[n]]  # read past its rows
     assert [w["source"] for w in stream["wraps"]] == wrapped == ["code"]
+
+
+# ----------------------------------------------------------------------------- elastic
+
+
+def labelled(ids: np.ndarray, source: int, sizes: Sequence[tuple[int, int]]) -> list[tuple]:
+    """``(epoch, row)`` of the rows of ``source`` among ``ids``, cut into ``sizes`` =
+    ``[(source epoch, rows), ...]`` in reading order."""
+    mine = (ids[ids // _SPAN == source] - source * _SPAN).tolist()
+    out, at = [], 0
+    for epoch, size in sizes:
+        out += [(epoch, row) for row in mine[at : at + size]]
+        at += size
+        if at >= len(mine):
+            break
+    assert at >= len(mine), "more rows than the plan's shares"
+    return out
+
+
+def reading_order(mix: Any, source: int, stream: int, workers: int) -> list[tuple[int, int]]:
+    """``(source epoch, rows)`` a stream reads of ``source``, in order (20 fresh epochs)."""
+    rest = mix.rest(source)
+    sizes = [(e, mix.order(source, stream, e, workers).total) for e, _ in rest.epochs]
+    share = mix.share(source, stream, workers)
+    return sizes + [(rest.fresh + k, share) for k in range(20)]
+
+
+@given(
+    rows=st.lists(st.integers(12, 70), min_size=1, max_size=3),
+    weights=st.lists(st.integers(1, 5), min_size=3, max_size=3),
+    old=st.tuples(st.integers(1, 3), st.integers(0, 2)),
+    new=st.tuples(st.integers(1, 3), st.integers(0, 2)),
+    steps=st.lists(st.integers(0, 12), min_size=3, max_size=3),
+    shuffle=st.booleans(),
+)
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_an_elastic_resume_delivers_every_row_once_per_source_epoch(
+    tmp_path_factory: pytest.TempPathFactory,
+    rows: list[int],
+    weights: list[int],
+    old: tuple[int, int],
+    new: tuple[int, int],
+    steps: list[int],
+    shuffle: bool,
+) -> None:
+    """Ranks stopped at different batches of epoch 0 (``steps``), resumed elastically on
+    another world size and number of workers, to the end of epoch 1: each source epoch's rows
+    (the old streams' and the new ones' together) once each, and all of them where every new
+    stream read its part of that source epoch to the end."""
+    root = tmp_path_factory.mktemp("elastic")
+    paths = {f"s{i}": write_source(root, f"s{i}", i, n) for i, n in enumerate(rows)}
+    kwargs = {"weights": dict(zip(paths, weights[: len(rows)], strict=True)), "batch_size": 5,
+              "shuffle": shuffle}  # fmt: skip
+    read: list[list[tuple[int, int]]] = [[] for _ in rows]  # per source: (source epoch, row)
+    states = []
+    world, workers = old
+    for rank in range(world):
+        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
+        progress = ds._epochs.begin(Start.fresh(0), workers)
+        for w in range(max(1, workers)):
+            batches = ds._reader(progress, w).batches()
+            got = []
+            for batch, position in itertools.islice(batches, steps[rank]):
+                got.append(np.asarray(batch["id"]))
+                progress.record(w, position, 0)
+            for s in range(len(rows)):
+                order = reading_order(ds._epochs, s, progress.stream(w), workers)
+                read[s] += labelled(np.concatenate([np.empty(0, np.int64), *got]), s, order)
+        states.append(json.loads(json.dumps(encode_mixture(ds._epochs, progress))))
+    world, workers = new
+    finished: list[set[int] | None] = [None for _ in rows]  # epochs every new stream finished
+    for rank in range(world):
+        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
+        ds._loader_workers = workers
+        ds.load_state_dict(states, elastic=True)
+        rest = ds._epochs.begin(ds._start, workers)
+        later = stream_batches(ds, 1, workers)
+        for w in range(max(1, workers)):
+            got = [np.asarray(b["id"]) for b, _ in ds._reader(rest, w).batches()] + later[w]
+            ids = np.concatenate([np.empty(0, np.int64), *got])
+            for s in range(len(rows)):
+                order = reading_order(ds._epochs, s, rest.stream(w), workers)
+                mine = labelled(ids, s, order)
+                read[s] += mine
+                ends = itertools.accumulate(size for _, size in order)
+                done = {e for (e, _), end in zip(order, ends, strict=False) if end <= len(mine)}
+                finished[s] = done if finished[s] is None else finished[s] & done
+    for s, n in enumerate(rows):
+        by_epoch: dict[int, list[int]] = {}
+        for epoch, row in read[s]:
+            by_epoch.setdefault(epoch, []).append(row)
+        for epoch, got_rows in by_epoch.items():
+            assert len(set(got_rows)) == len(got_rows), (s, epoch)  # none twice
+            if epoch in (finished[s] or set()):
+                assert sorted(got_rows) == list(range(n)), (s, epoch)  # none lost
+
+
+def test_elastic_then_checkpoint_then_elastic_again(tmp_path: Path) -> None:
+    """Through the loaders (workers included): 2 ranks stop, 1 rank with 2 workers resumes
+    elastically, checkpoints, resumes exactly from it, stops; 3 ranks resume elastically again
+    and finish the epoch. No row twice; every row of a source read once before any twice."""
+    sizes = {"web": 400, "code": 160}
+    paths = {n: write_source(tmp_path, n, i, r, 4) for i, (n, r) in enumerate(sizes.items())}
+    kwargs = {"weights": {"web": 5, "code": 2}, "batch_size": 8, "shuffle": True,
+              "epoch_size": 500}  # fmt: skip
+    seen: list[int] = []
+
+    def take(loader: Any, count: int | None) -> None:
+        for number, batch in enumerate(loader):
+            seen.extend(batch["id"].tolist())
+            if number + 1 == count:
+                return
+
+    states = []
+    for rank in range(2):
+        loader, _ = StructuredDataset.create_dataloader(paths, rank=rank, world_size=2, **kwargs)
+        take(loader, 5 + 4 * rank)
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    loader, _ = StructuredDataset.create_dataloader(paths, num_workers=2, **kwargs)
+    loader.load_state_dict(states, elastic=True)
+    it = iter(loader)
+    for _ in range(6):
+        seen.extend(next(it)["id"].tolist())
+    state = json.loads(json.dumps(loader.state_dict()))
+    expected = [b["id"].tolist() for b in itertools.islice(it, 7)]
+    del it
+    loader, _ = StructuredDataset.create_dataloader(paths, num_workers=2, **kwargs)
+    loader.load_state_dict(state)
+    it = iter(loader)
+    resumed = [next(it)["id"].tolist() for _ in range(7)]
+    assert resumed == expected
+    seen.extend(i for batch in resumed for i in batch)
+    final = json.loads(json.dumps(loader.state_dict()))
+    del it
+    for rank in range(3):
+        loader, _ = StructuredDataset.create_dataloader(paths, rank=rank, world_size=3, **kwargs)
+        loader.load_state_dict([final], elastic=True)
+        take(loader, None)
+    counts = Counter(seen)
+    assert max(counts.values()) == 1  # 500 positions read: no source wrapped
+    assert len(seen) >= 495  # the epoch's positions, but for even_batches' few

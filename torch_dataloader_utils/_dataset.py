@@ -18,7 +18,6 @@ from ._args import flag, optional_flag, optional_whole, whole
 from ._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetConfig
 from ._convert import warm_up
 from ._epoch import Epochs, Progress, Start
-from ._errors import CheckpointMismatchError
 from ._formats import get_format
 from ._handout import Mark
 from ._index import DatasetIndex, build_index
@@ -31,7 +30,7 @@ from ._mix_epochs import (
     Timeline,
     source_seed,
 )
-from ._mix_state import encode_mixture, load_mixture
+from ._mix_state import encode_mixture, load_mixture, load_mixture_elastic
 from ._mix_stream import MixedSource
 from ._mixture import Source, check_schemas, mixture_sources
 from ._reader import StreamReader
@@ -381,12 +380,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         elif flag("elastic", elastic):
             states = [state] if isinstance(state, Mapping) else list(state)
             if isinstance(self._epochs, MixedEpochs):
-                raise CheckpointMismatchError(
-                    "an elastic resume of a mixture is not supported yet (docs/mixing.md): "
-                    "resume it with the world_size and num_workers it was saved with",
-                    field="elastic",
-                )
-            start = self._epochs.load_elastic(states, workers or 0)
+                start, self._epochs = load_mixture_elastic(self._epochs, states, workers or 0)
+            else:
+                start = self._epochs.load_elastic(states, workers or 0)
         elif isinstance(state, Mapping):
             assert isinstance(self._epochs, Epochs)
             start = self._epochs.load(state, workers)

@@ -17,7 +17,8 @@ files.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
@@ -33,7 +34,7 @@ from ._epoch import Epochs, Progress, Start
 from ._errors import InvalidStateError
 from ._order import StreamOrder
 from ._phases import Phase, phase_counts, phase_sources, phases, stream_end
-from ._plan import Deal, IntArray, Pieces
+from ._plan import Deal, Generation, IntArray, Pieces
 from ._schedule import Schedule
 from ._state import StreamEntry, check_setting, encode_stream
 
@@ -44,6 +45,7 @@ __all__ = [
     "MixedProgress",
     "Segment",
     "SourcePlace",
+    "SourceRest",
     "Timeline",
     "source_seed",
 ]
@@ -98,14 +100,26 @@ class SourcePlace:
 
 
 @dataclass(frozen=True)
+class SourceRest:
+    """A source's epochs an elastic resume left unfinished, each with the deals before it (its
+    generations), which every stream reads first, in this order; then its epochs from
+    ``fresh`` on, each dealt afresh. Empty until an elastic resume."""
+
+    epochs: tuple[tuple[int, tuple[Generation, ...]], ...] = ()
+    fresh: int = 0
+
+
+@dataclass(frozen=True)
 class Segment:
     """Where the current schedule took over: the mixture epoch then, each worker stream's
-    position in it (``()``: all 0), and the rows of each source it had read (a source not
-    named: none). The origin until a state is loaded with ``reweight=True``."""
+    position in it (``()``: all 0), the rows of each source it had read (a source not named:
+    none) and, after an elastic resume, the positions of that epoch left to each stream. The
+    origin until a state is loaded with ``reweight=True`` or ``elastic=True``."""
 
     epoch: int = 0
     positions: tuple[int, ...] = ()
     counts: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    lengths: tuple[int, ...] = ()  # positions of epoch ``epoch`` (an elastic resume's rest)
 
 
 @dataclass(frozen=True)
@@ -142,7 +156,10 @@ class Timeline:
         ``length`` positions) as a position of the schedule, which starts at the segment."""
         segment = self.segment
         begin = segment.positions[worker] if segment.positions else 0
+        first = self.first_length(length, worker)
         offset = (epoch - segment.epoch) * length + position - begin
+        if epoch > segment.epoch:  # the segment's epoch has ``first`` positions
+            offset += first - length
         if offset < 0:
             raise ValueError(
                 f"epoch {epoch} position {position} of worker {worker} comes before the mixture "
@@ -150,6 +167,10 @@ class Timeline:
                 f"the earlier weights; continue with epoch {segment.epoch} or a later one"
             )
         return offset
+
+    def first_length(self, length: int, worker: int) -> int:
+        """Positions of the segment's epoch for stream ``worker``."""
+        return self.segment.lengths[worker] if self.segment.lengths else length
 
     def phases(self, worker: int, shares: tuple[int, ...]) -> tuple[Phase, ...]:
         """Stream ``worker``'s phases; ``shares``: its rows of one epoch of each source."""
@@ -185,7 +206,7 @@ class MixedProgress:
         return self.mix.rank * max(1, self.num_workers) + worker
 
     def length(self, worker: int) -> int:
-        """Positions of this epoch for stream ``worker``."""
+        """Positions of an epoch for stream ``worker`` (the segment's own may differ)."""
         return int(self.mix.epoch_lengths(self.num_workers)[self.stream(worker)])
 
     def shares(self, worker: int) -> tuple[int, ...]:
@@ -213,15 +234,20 @@ class MixedProgress:
         return phase_sources(self._phases(worker), offset, offset + stop - start)
 
     def total(self, worker: int) -> int:
-        """Positions stream ``worker`` has in this epoch: its share of ``epoch_size``, or
-        fewer where its sources ran out."""
-        length = self.length(worker)
+        """Positions stream ``worker`` has in this epoch: its share of ``epoch_size`` (of
+        what an elastic resume left of it), or fewer where its sources ran out."""
+        timeline, length = self.mix.timeline, self.length(worker)
+        segment = timeline.segment
+        if self.epoch == segment.epoch:
+            length = timeline.first_length(length, worker)
         end = stream_end(self._phases(worker))
         if end is None:
             return length
-        segment = self.mix.timeline.segment
-        begin = segment.positions[worker] if segment.positions else 0
-        first = (self.epoch - segment.epoch) * length - begin  # schedule position of 0 (+begin)
+        first = (
+            timeline.offset(self.length(worker), worker, self.epoch, 0)
+            if (self.epoch > segment.epoch)
+            else -(segment.positions[worker] if segment.positions else 0)
+        )
         return int(min(length, max(0, end - first)))
 
     def places(self, worker: int, position: int) -> list[SourcePlace]:
@@ -267,6 +293,7 @@ class MixedEpochs:
     world_size: int
     even_batches: bool
     source_column: str | None
+    rests: tuple[SourceRest, ...] = ()  # per source, after an elastic resume
     _orders: dict[tuple[int, int, int, int], StreamOrder] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -294,9 +321,12 @@ class MixedEpochs:
             return schema
         return schema.append(pa.field(self.source_column, pa.int16(), nullable=False))
 
-    def following(self, timeline: Timeline) -> MixedEpochs:
-        """This mixture under ``timeline`` (a loaded state's)."""
-        return replace(self, timeline=timeline, _orders={})
+    def following(
+        self, timeline: Timeline, rests: tuple[SourceRest, ...] | None = None
+    ) -> MixedEpochs:
+        """This mixture under ``timeline`` (and ``rests``) of a loaded state."""
+        rests = self.rests if rests is None else rests
+        return replace(self, timeline=timeline, rests=rests, _orders={})
 
     def epoch_lengths(self, num_workers: int) -> IntArray:
         """Positions of a mixture epoch, per stream of the job: ``epoch_size`` dealt."""
@@ -304,12 +334,48 @@ class MixedEpochs:
         rows = self.timeline.epoch_size
         return Deal(Pieces.of([(0, 0, rows)]), self.world_size, workers, self.even_batches).shares
 
+    def rest(self, source: int) -> SourceRest:
+        return self.rests[source] if self.rests else SourceRest()
+
     def place(
         self, source: int, stream: int, ordinal: int, num_workers: int, tokens: int = 0
     ) -> SourcePlace:
-        """Where row ``ordinal`` of source ``source`` is for stream ``stream``."""
-        epoch, offset = divmod(ordinal, self.share(source, stream, num_workers))
-        return SourcePlace(epoch, self.order(source, stream, epoch, num_workers), offset, tokens)
+        """Where row ``ordinal`` of source ``source`` is for stream ``stream``: in an epoch an
+        elastic resume left (``rest``), or in one dealt afresh."""
+        return next(self.places_from(source, stream, ordinal, num_workers, tokens))
+
+    def places_from(
+        self, source: int, stream: int, ordinal: int, num_workers: int, tokens: int = 0
+    ) -> Iterator[SourcePlace]:
+        """Stream ``stream``'s places in ``source`` from row ``ordinal`` on: that row's, then
+        the beginning of each following epoch of the source, without end."""
+        rest = self.rest(source)
+        for epoch, _ in rest.epochs:
+            order = self.order(source, stream, epoch, num_workers)
+            if ordinal < order.total:
+                yield SourcePlace(epoch, order, ordinal, tokens)
+                ordinal, tokens = 0, 0
+            else:
+                ordinal -= order.total
+        share = self.share(source, stream, num_workers)
+        epoch, offset = divmod(ordinal, share)
+        for number in itertools.count(rest.fresh + epoch):
+            yield SourcePlace(
+                number, self.order(source, stream, number, num_workers), offset, tokens
+            )
+            offset, tokens = 0, 0
+
+    def ordinal_of(
+        self, source: int, stream: int, epoch: int, offset: int, num_workers: int
+    ) -> int:
+        """The row (over all the source's epochs) that row ``offset`` of epoch ``epoch`` is."""
+        before = 0
+        for rest_epoch, _ in self.rest(source).epochs:
+            if rest_epoch == epoch:
+                return before + offset
+            before += self.order(source, stream, rest_epoch, num_workers).total
+        fresh = self.rest(source).fresh
+        return before + (epoch - fresh) * self.share(source, stream, num_workers) + offset
 
     def order(self, source: int, stream: int, epoch: int, num_workers: int) -> StreamOrder:
         """Stream ``stream``'s order in epoch ``epoch`` of ``source`` (the last few kept: a
@@ -318,7 +384,9 @@ class MixedEpochs:
         order = self._orders.get(key)
         if order is None:
             epochs = self.sources[source]
-            order = epochs.order(epochs.plan(Start.fresh(epoch), num_workers), stream)
+            deals = dict(self.rest(source).epochs).get(epoch, ())
+            plan = epochs.plan(Start(epoch=epoch, generations=deals), num_workers)
+            order = epochs.order(plan, stream)
             if len(self._orders) >= _KEPT_ORDERS:
                 del self._orders[next(iter(self._orders))]
             self._orders[key] = order

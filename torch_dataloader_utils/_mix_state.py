@@ -26,14 +26,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from ._epoch import Start
 from ._errors import CheckpointMismatchError, InvalidStateError
 from ._log import log
-from ._mix_epochs import MixedEpochs, MixedProgress, MixPosition, Segment, Timeline
+from ._mix_epochs import MixedEpochs, MixedProgress, MixPosition, Segment, SourceRest, Timeline
+from ._plan import Deal, Generation, IntArray, Pieces
 from ._schedule import Schedule
-from ._state import STATE_VERSION, StreamEntry, check_setting, decode, misplaced
+from ._state import (
+    STATE_VERSION,
+    StreamEntry,
+    check_coverage,
+    check_same_epoch,
+    check_setting,
+    decode,
+    decode_generation,
+    encode_generation,
+    misplaced,
+)
 
-__all__ = ["encode_mixture", "load_mixture"]
+__all__ = ["encode_mixture", "load_mixture", "load_mixture_elastic"]
 
 
 def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
@@ -43,11 +56,14 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
     sources = {}
     for s, name in enumerate(mix.names):
         known = next((e[s] for e in entries if e is not None), None)
+        rest = mix.rest(s)
         sources[name] = {
             **mix.source_state(s, progress.num_workers),
             "epoch": 0 if known is None else known[0],
             "epochs": [0 if e is None else e[s][0] for e in entries],
             "streams": [None if e is None else e[s][1] for e in entries],
+            "rests": [[e, [encode_generation(g) for g in deals]] for e, deals in rest.epochs],
+            "fresh": rest.fresh,
         }
     segment = mix.timeline.segment
     return {
@@ -61,6 +77,7 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
                 segment.epoch,
                 list(segment.positions),
                 {name: list(counts) for name, counts in segment.counts.items()},
+                list(segment.lengths),
             ],
         },
         "_num_workers": progress.num_workers,
@@ -91,7 +108,8 @@ def load_mixture(
     }.items():
         check_setting(name, expected, found, where)
     stored = _stored_timeline(state)
-    then = MixedProgress(mix.following(stored), state["epoch"], workers)
+    rests = _stored_rests(state, mix)
+    then = MixedProgress(mix.following(stored, rests), state["epoch"], workers)
     then.positions = {w: p for w, p in enumerate(state["streams"]) if p is not None}
     rows = {
         name: _checked_rows(mix, then, mix.names.index(name), sub, workers)
@@ -112,7 +130,7 @@ def load_mixture(
     )
     current = mix.timeline
     if _described(stored) == _described(current):
-        return start, mix.following(stored)
+        return start, mix.following(stored, rests)
     if not reweight:
         raise CheckpointMismatchError(
             f"this checkpoint's mixture is {_described(stored)}, the current one "
@@ -124,7 +142,132 @@ def load_mixture(
             f"current={current.weights}",
             split=where, field="weights", expected=stored.weights, found=current.weights,
         )  # fmt: skip
-    return start, mix.following(_reweighted(then, current, workers))
+    return start, mix.following(_reweighted(then, current, workers), rests)
+
+
+def load_mixture_elastic(
+    mix: MixedEpochs, states: Sequence[Mapping[str, Any]], num_workers: int
+) -> tuple[Start, MixedEpochs]:
+    """Every old rank's state dealt anew to this job: per source, the rows of the epochs the
+    old streams had begun and not finished (each epoch's rest dealt as one dataset's elastic
+    resume deals it), then its next epochs afresh; the rest of the mixture epoch's positions
+    dealt to the new streams, whose schedule starts there."""
+    if not states:
+        raise InvalidStateError("no states given: pass one state per rank of the old job")
+    for state in states:
+        _check_shape(state)
+    check_coverage(states)
+    check_same_epoch(states)
+    ordered = sorted(states, key=lambda state: state["_rank"])
+    first = ordered[0]
+    where = f"mixture {list(first['sources'])}"
+    for state in ordered[1:]:
+        for key in ("_num_workers", "_even_batches", "_mixture"):
+            if (state[key] if key != "_mixture" else _job_part(state)) != (
+                first[key] if key != "_mixture" else _job_part(first)
+            ):
+                raise CheckpointMismatchError(
+                    f"the states of ranks {first['_rank']} and {state['_rank']} differ in "
+                    f"{key.lstrip('_')}: they are not of one job and step."
+                    f"\nLikely cause: states from different jobs: checkpoint={first[key]!r:.80}, "
+                    f"current={state[key]!r:.80}",
+                    split=where, field=key.lstrip("_"),
+                )  # fmt: skip
+    stored = _stored_timeline(first)
+    if _described(stored) != _described(mix.timeline) or stored.policies:
+        raise CheckpointMismatchError(
+            f"an elastic resume continues the same mixture: the checkpoint's is "
+            f"{_described(stored)}, the current one {_described(mix.timeline)} (max_epochs is "
+            f"not supported elastically yet). Resume elastically under the checkpoint's "
+            f"mixture, save the state, and load it with reweight=True."
+            f"\nLikely cause: weights or sources changed: checkpoint={stored.weights}, "
+            f"current={mix.weights}",
+            split=where, field="weights", expected=stored.weights, found=mix.weights,
+        )  # fmt: skip
+    if mix.config.packing is not None:
+        raise CheckpointMismatchError(
+            "an elastic resume of a packed mixture is not supported yet: resume it with the "
+            "world_size and num_workers it was saved with", split=where, field="elastic",
+        )  # fmt: skip
+    old_workers = first["_num_workers"]
+    old_world, streams = first["_world_size"], max(1, old_workers)
+    rests = _stored_rests(first, mix)
+    sources = tuple(replace(epochs, world_size=old_world) for epochs in mix.sources)
+    old = replace(
+        mix, world_size=old_world, sources=sources, rests=rests, _orders={}, _shares={},
+        _settings_states={},
+    )  # fmt: skip
+    ordinals = np.zeros((len(mix.names), old_world * streams), dtype=np.int64)
+    remaining = 0
+    for state in ordered:
+        rank = state["_rank"]
+        ranked = replace(
+            old, rank=rank, sources=tuple(replace(e, rank=rank) for e in old.sources)
+        ).following(_stored_timeline(state), rests)
+        then = MixedProgress(ranked, state["epoch"], old_workers)
+        if None in state["streams"] or len(state["streams"]) != streams:
+            raise InvalidStateError(
+                f"state key 'streams' of rank {state['_rank']} must hold every worker's "
+                f"position ({streams}): an elastic resume needs them all"
+            )
+        then.positions = dict(enumerate(state["streams"]))
+        for name, sub in state["sources"].items():
+            _checked_rows(ranked, then, mix.names.index(name), sub, old_workers)
+        for worker, position in then.positions.items():
+            ordinals[:, then.stream(worker)] = then.counts(worker, position)
+            remaining += then.total(worker) - position
+    new_rests = tuple(_dealt_rest(old, s, ordinals[s], old_workers) for s in range(len(mix.names)))
+    workers = max(1, num_workers)
+    deal = Deal(Pieces.of([(0, 0, remaining)]), mix.world_size, workers, mix.even_batches)
+    lengths = deal.shares_of(mix.rank * workers, workers)
+    segment = Segment(first["epoch"], (), {}, tuple(int(n) for n in lengths))
+    log.info(
+        "mixture %s: elastic resume of epoch %d from %d x %d streams to %d x %d: %d positions "
+        "left, each source's unfinished epochs dealt anew",
+        mix.weights, first["epoch"], old_world, streams, mix.world_size, max(1, num_workers),
+        remaining,
+    )  # fmt: skip
+    start = Start(
+        epoch=first["epoch"],
+        positions=(0,) * max(1, num_workers),  # not fresh: persistent workers start anew
+        checkpoint_workers=num_workers,
+        checkpoint_split=where,
+    )
+    return start, mix.following(replace(mix.timeline, segment=segment), new_rests)
+
+
+def _job_part(state: Mapping[str, Any]) -> Any:
+    """What the states of one job share in their mixture (not each rank's segment)."""
+    return {k: v for k, v in state["_mixture"].items() if k != "segment"}
+
+
+def _dealt_rest(old: MixedEpochs, source: int, ordinals: IntArray, workers: int) -> SourceRest:
+    """Source ``source``'s epochs the old streams (at ``ordinals``) had begun and not all
+    finished, each with a generation recording every old stream's rows of it, then its first
+    epoch no old stream had begun."""
+    rest = old.rest(source)
+    streams = len(ordinals)
+    places = [old.place(source, g, int(n), workers) for g, n in enumerate(ordinals)]
+    reading = [e for e, _ in rest.epochs]
+    fresh = max([rest.fresh, *(p.epoch + 1 for p in places if p.epoch >= rest.fresh)])
+    reading += list(range(rest.fresh, fresh))
+    rank_of = {e: i for i, e in enumerate(reading)}
+    deals = dict(rest.epochs)
+    epochs = []
+    for epoch in reading:
+        done = np.array([
+            old.order(source, g, epoch, workers).total if rank_of[epoch] < rank_of[p.epoch]
+            else p.offset if epoch == p.epoch else 0
+            for g, p in enumerate(places)
+        ], dtype=np.int64)  # fmt: skip
+        totals = np.array([old.order(source, g, epoch, workers).total for g in range(streams)])
+        if (done >= totals).all():
+            continue  # every old stream has read its rows of this epoch
+        generation = Generation(
+            old.world_size, workers, False, done, np.zeros(streams, dtype=np.int64)
+        )
+        epochs.append((epoch, (*deals.get(epoch, ()), generation)))
+    return SourceRest(tuple(epochs), fresh)
 
 
 def _described(timeline: Timeline) -> str:
@@ -200,8 +343,10 @@ def _checked_rows(
         if mix.config.packing is None:
             ordinal = int(then.counts(worker, then.positions[worker])[stored])
         else:
-            ordinal = source_epochs[worker] * mix.share(source, stream, workers) + entry.position
-        place = mix.place(source, stream, ordinal, workers, entry.tokens)
+            ordinal = then.mix.ordinal_of(
+                source, stream, source_epochs[worker], entry.position, workers
+            )
+        place = then.mix.place(source, stream, ordinal, workers, entry.tokens)
         if (place.epoch, entry.position, entry.rows, entry.next_row) != (
             source_epochs[worker],
             place.offset,
@@ -245,7 +390,10 @@ def _stored_timeline(state: Mapping[str, Any]) -> Timeline:
         )
     if not (
         isinstance(segment, list)
-        and len(segment) == 3
+        and len(segment) == 4
+        and isinstance(segment[3], list)
+        and all(type(n) is int and n >= 0 for n in segment[3])
+        and (not segment[1] or len(segment[3]) in (0, len(segment[1])))
         and type(segment[0]) is int
         and segment[0] >= 0
         and isinstance(segment[1], list)
@@ -260,7 +408,7 @@ def _stored_timeline(state: Mapping[str, Any]) -> Timeline:
     ):
         raise InvalidStateError(
             f"state key '_mixture.segment' must be [epoch, [position per worker], {{source: "
-            f"[rows per worker]}}], got {segment!r:.200}"
+            f"[rows per worker]}}, [positions of that epoch per worker]], got {segment!r:.200}"
         )
     try:
         schedule = Schedule(tuple(weights.values()))
@@ -287,9 +435,44 @@ def _stored_timeline(state: Mapping[str, Any]) -> Timeline:
         tuple(weights),
         schedule,
         rows,
-        Segment(segment[0], tuple(segment[1]), {n: tuple(c) for n, c in segment[2].items()}),
+        Segment(
+            segment[0],
+            tuple(segment[1]),
+            {n: tuple(c) for n, c in segment[2].items()},
+            tuple(segment[3]),
+        ),
         max_epochs=tuple(policies[n][0] if n in policies else None for n in weights),
         stops=tuple(n in policies and policies[n][1] == "stop" for n in weights),
+    )
+
+
+def _stored_rests(state: Mapping[str, Any], mix: MixedEpochs) -> tuple[SourceRest, ...]:
+    """Each current source's epochs left by elastic resumes, as the state records them."""
+    return tuple(_source_rest(state["sources"].get(name), name) for name in mix.names)
+
+
+def _source_rest(sub: object, name: str) -> SourceRest:
+    if not isinstance(sub, Mapping):
+        return SourceRest()  # an added source
+    rests, fresh = sub.get("rests"), sub.get("fresh")
+    if not (
+        isinstance(rests, list)
+        and type(fresh) is int
+        and fresh >= 0
+        and all(
+            isinstance(r, list) and len(r) == 2 and type(r[0]) is int and isinstance(r[1], list)
+            for r in rests
+        )
+    ):
+        raise InvalidStateError(
+            f"state keys 'sources.{name}.rests' and '.fresh' must be [[epoch, [generation, "
+            f"...]], ...] and an int >= 0, got {rests!r:.120} and {fresh!r:.40}"
+        )
+    return SourceRest(
+        tuple(
+            (e, tuple(decode_generation(g, i) for i, g in enumerate(deals))) for e, deals in rests
+        ),
+        fresh,
     )
 
 

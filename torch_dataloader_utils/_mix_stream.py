@@ -67,8 +67,8 @@ class MixedSource:
         position after its last row."""
         progress = self.progress
         feeds = [
-            _Feed(self, s, p.epoch, p.offset, min_rows, read_ahead)
-            for s, p in enumerate(progress.places(self.worker, start))
+            _Feed(self, s, int(n), min_rows, read_ahead)
+            for s, n in enumerate(progress.counts(self.worker, start).tolist())
         ]
         step = self.read_rows(min_rows)
         try:
@@ -99,9 +99,7 @@ class MixedSource:
         assert isinstance(start, MixPosition)
         packers = []
         for s, (row, tokens) in enumerate(start.sources):
-            epoch, offset = divmod(row, progress.mix.share(s, progress.stream(self.worker),
-                                                           progress.num_workers))  # fmt: skip
-            feed = _Feed(self, s, epoch, offset, 1, read_ahead)
+            feed = _Feed(self, s, row, 1, read_ahead)
             describe = functools.partial(self._describe_row, s)
             packers.append(_Packer(feed, packing, row, tokens, describe))
         end = (
@@ -133,42 +131,39 @@ class MixedSource:
 
 
 class _Feed:
-    """One source's rows for one stream, from a place on, epoch after epoch; rows are counted
-    over all its epochs (row ``r`` of epoch ``e``'s share is ``e * share + r``)."""
+    """One source's rows for one stream, from row ``ordinal`` on, epoch after epoch; rows are
+    counted over all its epochs (``MixedEpochs.places_from``)."""
 
     def __init__(
-        self, mixed: MixedSource, source: int, epoch: int, offset: int, min_rows: int,
-        read_ahead: int,
-    ) -> None:  # fmt: skip
+        self, mixed: MixedSource, source: int, ordinal: int, min_rows: int, read_ahead: int
+    ) -> None:
         self._mixed, self._source = mixed, source
         self._min_rows, self._read_ahead = min_rows, read_ahead
         progress = mixed.progress
-        self._share = progress.mix.share(
-            source, progress.stream(mixed.worker), progress.num_workers
+        self._places = progress.mix.places_from(
+            source, progress.stream(mixed.worker), ordinal, progress.num_workers
         )
-        self._epoch = epoch
-        self._chunks = self._open(offset)
+        self._base = ordinal  # the row (over all epochs) at the start of the current place
+        self._chunks = self._open()
         self._held: list[pa.RecordBatch] = []
         self._rows = 0
 
-    def _open(self, offset: int) -> Iterator[tuple[pa.RecordBatch, int]]:
-        progress = self._mixed.progress
-        order = progress.mix.order(
-            self._source, progress.stream(self._mixed.worker), self._epoch, progress.num_workers
-        )
-        source = self._mixed.sources[self._source].stream(order)
-        return source.chunks(offset, self._min_rows, self._read_ahead)
+    def _open(self) -> Iterator[tuple[pa.RecordBatch, int]]:
+        place = next(self._places)
+        self._base -= place.offset
+        source = self._mixed.sources[self._source].stream(place.order)
+        self._total = place.order.total
+        return source.chunks(place.offset, self._min_rows, self._read_ahead)
 
     def next_chunk(self) -> tuple[pa.RecordBatch, int]:
         """The next decoded chunk, and the row (over all epochs) after its last."""
-        for _ in range(2):
+        while True:
             chunk = next(self._chunks, None)
             if chunk is not None:
-                return chunk[0], self._epoch * self._share + chunk[1]
+                return chunk[0], self._base + chunk[1]
             self._chunks.close()  # type: ignore[attr-defined]
-            self._epoch += 1  # this epoch of the source is over: its next one
-            self._chunks = self._open(0)
-        raise AssertionError("a source epoch of a stream holds at least one row")
+            self._base += self._total  # this epoch of the source is over: its next one
+            self._chunks = self._open()
 
     def take(self, rows: int) -> list[pa.RecordBatch]:
         """The next ``rows`` rows (slices of the decoded chunks)."""

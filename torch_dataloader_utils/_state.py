@@ -58,7 +58,9 @@ __all__ = [
     "check_setting",
     "check_shape",
     "decode",
+    "decode_generation",
     "encode",
+    "encode_generation",
     "encode_stream",
     "merge_states",
     "misplaced",
@@ -162,7 +164,7 @@ def encode(
         },
         "num_splits": len(index.splits),
         "streams": [encode_stream(e, index) for e in streams],
-        "generations": [_encode_generation(g) for g in generations],
+        "generations": [encode_generation(g) for g in generations],
         "cursor": cursor,
     }
 
@@ -177,7 +179,7 @@ def encode_stream(entry: StreamEntry | None, index: DatasetIndex) -> list[Any] |
     return [*head, *_split_key(split, index), row]
 
 
-def _encode_generation(generation: Generation) -> list[Any]:
+def encode_generation(generation: Generation) -> list[Any]:
     return [
         generation.world_size,
         generation.num_workers,
@@ -206,12 +208,12 @@ def decode(
         "shuffle_window_rows", state["_shuffle_window_rows"], settings.window_rows,
         stored_split(state),
     )  # fmt: skip
-    generations = tuple(_decode_generation(g, i) for i, g in enumerate(state["generations"]))
+    generations = tuple(decode_generation(g, i) for i, g in enumerate(state["generations"]))
     streams = tuple(_decode_stream(e, i, index) for i, e in enumerate(state["streams"]))
     return Decoded(generations, streams)
 
 
-def _decode_generation(entry: object, number: int) -> Generation:
+def decode_generation(entry: object, number: int) -> Generation:
     key = f"generations[{number}]"
     if not (
         isinstance(entry, list)
@@ -323,7 +325,7 @@ def check_shape(state: object) -> None:
             raise InvalidStateError(f"state key {key!r} must be >= 0, got {value}")
     _check_nested(state)
     for number, generation in enumerate(state["generations"]):
-        _decode_generation(generation, number)
+        decode_generation(generation, number)
     for number, entry in enumerate(state["streams"]):
         if entry is not None and not _is_stream(entry):
             raise _bad_stream(entry, number)
