@@ -820,3 +820,31 @@ def test_elastic_then_checkpoint_then_elastic_again(tmp_path: Path) -> None:
     counts = Counter(seen)
     assert max(counts.values()) == 1  # 500 positions read: no source wrapped
     assert len(seen) >= 495  # the epoch's positions, but for even_batches' few
+
+
+def test_elastic_then_reweight(tmp_path: Path) -> None:
+    """Elastic under the old mixture, the resumed start saved, then loaded under new weights:
+    the epoch keeps the positions the elastic resume left it, and no row is read twice."""
+    paths = {n: write_source(tmp_path, n, i, r, 3) for i, (n, r) in enumerate(
+        [("web", 300), ("code", 200), ("math", 100)])}  # fmt: skip
+    two = {"web": paths["web"], "code": paths["code"]}
+    kwargs = {"batch_size": 6, "shuffle": True, "epoch_size": 240}
+    seen: list[int] = []
+    states = []
+    for rank in range(2):
+        loader, _ = StructuredDataset.create_dataloader(
+            two, weights={"web": 2, "code": 1}, rank=rank, world_size=2, **kwargs
+        )
+        seen += [i for b in itertools.islice(loader, 4 + rank) for i in b["id"].tolist()]
+        states.append(loader.state_dict())
+    left = 240 - len(seen)
+    _, resumed = StructuredDataset.create_dataloader(two, weights={"web": 2, "code": 1}, **kwargs)
+    resumed.load_state_dict(states, elastic=True)
+    start = json.loads(json.dumps(resumed.state_dict()))
+    loader, _ = StructuredDataset.create_dataloader(
+        paths, weights={"web": 1, "code": 1, "math": 1}, **kwargs
+    )
+    loader.load_state_dict(start, reweight=True)
+    rest = [i for b in loader for i in b["id"].tolist()]
+    assert len(rest) == left
+    assert max(Counter(seen + rest).values()) == 1

@@ -295,10 +295,13 @@ def _reweighted(then: MixedProgress, current: Timeline, workers: int) -> Timelin
         )
     counts = [then.counts(w, then.positions[w]).tolist() for w in range(streams)]
     old = then.mix.names
+    before = then.mix.timeline.segment
     segment = Segment(
         epoch=then.epoch,
         positions=tuple(then.positions[w] for w in range(streams)),
         counts={n: tuple(c[old.index(n)] for c in counts) for n in current.names if n in old},
+        # the epoch an elastic resume dealt keeps its length
+        lengths=before.lengths if then.epoch == before.epoch else (),
     )
     removed = [n for n in old if n not in current.names]
     added = [n for n in current.names if n not in old]
