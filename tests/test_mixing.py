@@ -848,3 +848,63 @@ def test_elastic_then_reweight(tmp_path: Path) -> None:
     rest = [i for b in loader for i in b["id"].tolist()]
     assert len(rest) == left
     assert max(Counter(seen + rest).values()) == 1
+
+
+@given(
+    old=st.tuples(st.integers(1, 3), st.integers(0, 2)),
+    new=st.tuples(st.integers(1, 3), st.integers(0, 2)),
+    steps=st.lists(st.integers(0, 8), min_size=3, max_size=3),
+    seq_len=st.integers(1, 9),
+)
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_a_packed_mixture_resumes_elastically_to_the_token(
+    tmp_path_factory: pytest.TempPathFactory,
+    old: tuple[int, int],
+    new: tuple[int, int],
+    steps: list[int],
+    seq_len: int,
+) -> None:
+    """Ranks stopped at different steps, resumed on another world: no token twice, and every
+    document's tokens a run from its first (a document cut by the stop goes on where its
+    tokens stopped). The sources are larger than two epochs read: none wraps."""
+    root = tmp_path_factory.mktemp("packed-elastic")
+    paths = {f"s{i}": write_documents(root, f"s{i}", i, 200, 3) for i in range(3)}
+    kwargs = {"weights": {"s0": 3, "s1": 2, "s2": 1}, "batch_size": 2, "epoch_size": 30,
+              "packing": TokenPacking("tokens", seq_len=seq_len), "shuffle": True}  # fmt: skip
+    tokens: list[int] = []
+    states = []
+    world, workers = old
+    for rank in range(world):
+        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
+        progress = ds._epochs.begin(Start.fresh(0), workers)
+        for w in range(max(1, workers)):
+            for batch, position in itertools.islice(ds._reader(progress, w).batches(), steps[rank]):
+                tokens += np.asarray(batch["input_ids"]).ravel().tolist()
+                progress.record(w, position, 0)
+        states.append(json.loads(json.dumps(encode_mixture(ds._epochs, progress))))
+    world, workers = new
+    for rank in range(world):
+        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
+        ds._loader_workers = workers
+        ds.load_state_dict(states, elastic=True)
+        rest = ds._epochs.begin(ds._start, workers)
+        ds._progress = rest
+        for w in range(max(1, workers)):
+            for batch, position in ds._reader(rest, w).batches():
+                tokens += np.asarray(batch["input_ids"]).ravel().tolist()
+                rest.record(w, position, 0)
+        carried = ds._carried(1)  # epoch 1 goes on from where each stream's sources stood
+        assert carried is not None
+        following = ds._epochs.begin(carried, workers)
+        for w in range(max(1, workers)):
+            for batch, _ in ds._reader(following, w).batches():
+                tokens += np.asarray(batch["input_ids"]).ravel().tolist()
+    counts = Counter(tokens)
+    assert max(counts.values()) == 1
+    places: dict[int, list[int]] = {}
+    for token in counts:
+        places.setdefault(token // 100, []).append(token % 100)
+    for document, got in places.items():
+        assert sorted(got) == list(range(len(got))), document  # from its first token, no gap

@@ -365,6 +365,17 @@ class MixedEpochs:
             )
             offset, tokens = 0, 0
 
+    def skips(self, source: int, stream: int, num_workers: int) -> dict[int, int]:
+        """Rows (over all the source's epochs) an elastic resume's deal cut mid-document, with
+        the tokens of them delivered before: in the epochs it left, none in fresh ones."""
+        out, before = {}, 0
+        for epoch, _ in self.rest(source).epochs:
+            order = self.order(source, stream, epoch, num_workers)
+            for row, tokens in order.plan.stream_skips(stream).items():
+                out[before + row] = tokens
+            before += order.total
+        return out
+
     def ordinal_of(
         self, source: int, stream: int, epoch: int, offset: int, num_workers: int
     ) -> int:

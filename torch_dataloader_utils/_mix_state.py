@@ -150,8 +150,9 @@ def load_mixture_elastic(
 ) -> tuple[Start, MixedEpochs]:
     """Every old rank's state dealt anew to this job: per source, the rows of the epochs the
     old streams had begun and not finished (each epoch's rest dealt as one dataset's elastic
-    resume deals it), then its next epochs afresh; the rest of the mixture epoch's positions
-    dealt to the new streams, whose schedule starts there."""
+    resume deals it, packed: a document cut where its tokens stopped), then its next epochs
+    afresh; the rest of the mixture epoch's positions dealt to the new streams, whose schedule
+    starts there."""
     if not states:
         raise InvalidStateError("no states given: pass one state per rank of the old job")
     for state in states:
@@ -184,11 +185,6 @@ def load_mixture_elastic(
             f"current={mix.weights}",
             split=where, field="weights", expected=stored.weights, found=mix.weights,
         )  # fmt: skip
-    if mix.config.packing is not None:
-        raise CheckpointMismatchError(
-            "an elastic resume of a packed mixture is not supported yet: resume it with the "
-            "world_size and num_workers it was saved with", split=where, field="elastic",
-        )  # fmt: skip
     old_workers = first["_num_workers"]
     old_world, streams = first["_world_size"], max(1, old_workers)
     rests = _stored_rests(first, mix)
@@ -198,6 +194,7 @@ def load_mixture_elastic(
         _settings_states={},
     )  # fmt: skip
     ordinals = np.zeros((len(mix.names), old_world * streams), dtype=np.int64)
+    tokens = np.zeros_like(ordinals)  # packed: of each old stream's next row, delivered
     remaining = 0
     for state in ordered:
         rank = state["_rank"]
@@ -212,11 +209,16 @@ def load_mixture_elastic(
             )
         then.positions = dict(enumerate(state["streams"]))
         for name, sub in state["sources"].items():
-            _checked_rows(ranked, then, mix.names.index(name), sub, old_workers)
+            source = mix.names.index(name)
+            rows = _checked_rows(ranked, then, source, sub, old_workers)
+            for worker, (ordinal, delivered) in rows.items():
+                ordinals[source, then.stream(worker)] = ordinal
+                tokens[source, then.stream(worker)] = delivered
         for worker, position in then.positions.items():
-            ordinals[:, then.stream(worker)] = then.counts(worker, position)
             remaining += then.total(worker) - position
-    new_rests = tuple(_dealt_rest(old, s, ordinals[s], old_workers) for s in range(len(mix.names)))
+    new_rests = tuple(
+        _dealt_rest(old, s, ordinals[s], tokens[s], old_workers) for s in range(len(mix.names))
+    )
     workers = max(1, num_workers)
     deal = Deal(Pieces.of([(0, 0, remaining)]), mix.world_size, workers, mix.even_batches)
     lengths = deal.shares_of(mix.rank * workers, workers)
@@ -227,9 +229,12 @@ def load_mixture_elastic(
         mix.weights, first["epoch"], old_world, streams, mix.world_size, max(1, num_workers),
         remaining,
     )  # fmt: skip
+    beginning = (0,) * workers  # not fresh: persistent workers start anew
+    if mix.config.packing is not None:  # a cut document's tokens: the deal's skips
+        beginning = (MixPosition(0, ((0, 0),) * len(mix.names)),) * workers
     start = Start(
         epoch=first["epoch"],
-        positions=(0,) * max(1, num_workers),  # not fresh: persistent workers start anew
+        positions=beginning,
         checkpoint_workers=num_workers,
         checkpoint_split=where,
     )
@@ -241,10 +246,12 @@ def _job_part(state: Mapping[str, Any]) -> Any:
     return {k: v for k, v in state["_mixture"].items() if k != "segment"}
 
 
-def _dealt_rest(old: MixedEpochs, source: int, ordinals: IntArray, workers: int) -> SourceRest:
-    """Source ``source``'s epochs the old streams (at ``ordinals``) had begun and not all
-    finished, each with a generation recording every old stream's rows of it, then its first
-    epoch no old stream had begun."""
+def _dealt_rest(
+    old: MixedEpochs, source: int, ordinals: IntArray, tokens: IntArray, workers: int
+) -> SourceRest:
+    """Source ``source``'s epochs the old streams (at ``ordinals``, with ``tokens`` of the
+    next row delivered) had begun and not all finished, each with a generation recording every
+    old stream's rows of it, then its first epoch no old stream had begun."""
     rest = old.rest(source)
     streams = len(ordinals)
     places = [old.place(source, g, int(n), workers) for g, n in enumerate(ordinals)]
@@ -263,9 +270,9 @@ def _dealt_rest(old: MixedEpochs, source: int, ordinals: IntArray, workers: int)
         totals = np.array([old.order(source, g, epoch, workers).total for g in range(streams)])
         if (done >= totals).all():
             continue  # every old stream has read its rows of this epoch
-        generation = Generation(
-            old.world_size, workers, False, done, np.zeros(streams, dtype=np.int64)
-        )
+        current = np.array([p.epoch == epoch for p in places])
+        cut = np.where(current, tokens, 0).astype(np.int64)  # a document cut mid-way
+        generation = Generation(old.world_size, workers, False, done, cut)
         epochs.append((epoch, (*deals.get(epoch, ()), generation)))
     return SourceRest(tuple(epochs), fresh)
 

@@ -98,10 +98,14 @@ class MixedSource:
         progress, seq_len = self.progress, packing.seq_len
         assert isinstance(start, MixPosition)
         packers = []
+        stream, workers = progress.stream(self.worker), progress.num_workers
         for s, (row, tokens) in enumerate(start.sources):
             feed = _Feed(self, s, row, 1, read_ahead)
             describe = functools.partial(self._describe_row, s)
-            packers.append(_Packer(feed, packing, row, tokens, describe))
+            cut = {r: t for r, t in progress.mix.skips(s, stream, workers).items() if r >= row}
+            if tokens:
+                cut[row] = tokens
+            packers.append(_Packer(feed, packing, cut, (row, tokens), describe))
         end = (
             self.total if not drop_last else start + (self.total - start) // batch_size * batch_size
         )
@@ -189,15 +193,15 @@ class _Feed:
 
 
 class _Packer:
-    """One source's documents for one stream, packed: whole sequences on demand, from a row
-    (over all the source's epochs) and the tokens of it already handed out."""
+    """One source's documents for one stream, packed: whole sequences on demand, from a
+    ``position`` (a row over all the source's epochs, and the tokens of it handed out)."""
 
-    def __init__(self, feed: _Feed, packing: TokenPacking, row: int, tokens: int,
-                 describe: Callable[[int], str]) -> None:  # fmt: skip
+    def __init__(self, feed: _Feed, packing: TokenPacking, skips: Mapping[int, int],
+                 position: tuple[int, int], describe: Callable[[int], str]) -> None:  # fmt: skip
         self._feed, self._packing, self._describe = feed, packing, describe
-        self._skips = {row: tokens} if tokens else {}
+        self._skips = skips  # rows (over all epochs) whose first tokens were delivered before
         self._pending: Pending | None = None
-        self.position = (row, tokens)
+        self.position = position
 
     def take(self, sequences: int) -> tuple[npt.NDArray[Any], IntArray]:
         """The tokens of the next ``sequences`` sequences, and where documents start in them."""
