@@ -908,3 +908,48 @@ def test_a_packed_mixture_resumes_elastically_to_the_token(
         places.setdefault(token // 100, []).append(token % 100)
     for document, got in places.items():
         assert sorted(got) == list(range(len(got))), document  # from its first token, no gap
+
+
+@given(
+    weights=st.lists(st.integers(1, 9), min_size=1, max_size=5),
+    block=st.integers(1, 400),
+    seed=st.integers(0, 3),
+)
+@settings(max_examples=60, deadline=None)
+def test_a_permuted_schedule_is_exact_per_block(weights: list[int], block: int, seed: int) -> None:
+    """Each block holds each source's exact share; counts agree with the sources; blocks
+    differ (the period's order no longer repeats); keyed by the seed."""
+    schedule = Schedule(tuple(weights), block=block, seed=seed)
+    length, reduced = schedule.block_length, np.array(schedule.reduced)
+    assert length % schedule.period_length == 0 and length >= block
+    sources = schedule.sources(0, max(3 * length + 5, 90))
+    for k in range(0, len(sources) + 1, 7):
+        assert np.array_equal(schedule.counts(k), np.bincount(sources[:k], minlength=len(weights)))
+    for number in range(4):
+        assert np.array_equal(
+            schedule.counts(number * length) * schedule.period_length, number * length * reduced
+        )
+    assert np.array_equal(schedule.sources(5, 90), sources[5:90])
+
+
+def test_schedule_block_mixes_the_period_and_resumes_exactly(tmp_path: Path) -> None:
+    paths = {"a": write_source(tmp_path, "a", 0, 200), "b": write_source(tmp_path, "b", 1, 200)}
+    kwargs = {"weights": {"a": 3, "b": 1}, "batch_size": 16, "schedule_block": 64}
+    loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
+    batches = [b["source"].tolist() for b in loader]
+    plain, _ = StructuredDataset.create_dataloader(paths, weights={"a": 3, "b": 1}, batch_size=16)
+    assert [b["source"].tolist() for b in plain][0] == [0, 0, 1, 0] * 4  # the period, in order
+    assert batches[0] != batches[1]  # permuted: no period repeats batch after batch
+    assert all(sum(batches[i] + batches[i + 1] + batches[i + 2] + batches[i + 3]) == 16
+               for i in range(0, 24, 4))  # fmt: skip  # every 64 positions: 16 of b exactly
+    ids = [b["id"].tolist() for b in loader]
+    loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
+    it = iter(loader)
+    first = [next(it)["id"].tolist() for _ in range(9)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
+    loader.load_state_dict(state)
+    assert first + [b["id"].tolist() for b in loader] == ids
+    loader, _ = StructuredDataset.create_dataloader(paths, weights={"a": 3, "b": 1}, batch_size=16)
+    with pytest.raises(CheckpointMismatchError, match="schedule_block=64"):
+        loader.load_state_dict(state)

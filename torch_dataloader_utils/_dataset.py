@@ -105,6 +105,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         weights: Mapping[str, int] | None = None,
         epoch_size: int | None = None,
         source_column: str | None = "source",
+        schedule_block: int | None = None,
     ) -> None:
         super().__init__()
         even = optional_flag("even_batches", even_batches)
@@ -135,12 +136,13 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 path, weights, config, storage_options, share_index, even,
                 epoch_size=optional_whole("epoch_size", epoch_size, at_least=1),
                 source_column=source_column,
+                schedule_block=optional_whole("schedule_block", schedule_block, at_least=1),
             )  # fmt: skip
         else:
-            if weights is not None or epoch_size is not None:
+            if weights is not None or epoch_size is not None or schedule_block is not None:
                 raise TypeError(
-                    "weights= and epoch_size= are for a mixture: pass path as a mapping "
-                    "of source names to paths (docs/mixing.md)"
+                    "weights=, epoch_size= and schedule_block= are for a mixture: pass path "
+                    "as a mapping of source names to paths (docs/mixing.md)"
                 )
             index, opened = self._source(path, config, storage_options, share_index)
             self._epochs = Epochs(
@@ -200,6 +202,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         *,
         epoch_size: int | None,
         source_column: str | None,
+        schedule_block: int | None,
     ) -> tuple[MixedEpochs, tuple[SourceFiles, ...]]:
         """The epochs of a mixture of ``paths`` and how to read each source."""
         if config.packing is not None and epoch_size is None:
@@ -231,9 +234,13 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 f"tells each row's source: pass source_column= another name"
             )
         total = sum(int(epochs.index.split_rows.sum()) for epochs in sources)
+        schedule = Schedule(
+            tuple(spec.weight for spec in specs), block=schedule_block or 0,
+            seed=config.shuffle_seed,
+        )  # fmt: skip
         timeline = Timeline(
             names,
-            Schedule(tuple(spec.weight for spec in specs)),
+            schedule,
             total if epoch_size is None else epoch_size,
             max_epochs=tuple(spec.max_epochs for spec in specs),
             stops=tuple(spec.stops for spec in specs),
@@ -276,6 +283,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         weights: Mapping[str, int] | None = None,
         epoch_size: int | None = None,
         source_column: str | None = "source",
+        schedule_block: int | None = None,
         **dataloader_kwargs: Any,
     ) -> tuple[StructuredDataLoader, StructuredDataset]:
         """``(loader, dataset)``: the loader records what it hands out and resumes exactly."""
@@ -304,6 +312,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             weights=weights,
             epoch_size=epoch_size,
             source_column=source_column,
+            schedule_block=schedule_block,
         )
         return StructuredDataLoader(dataset, num_workers=num_workers, **dataloader_kwargs), dataset
 
@@ -571,6 +580,11 @@ def _check_policies(timeline: Timeline, config: DatasetConfig, lockstep: bool) -
     its tokens do, known only by reading), or ending streams at different batches under DDP."""
     if not timeline.policies:
         return
+    if timeline.schedule.block:
+        raise ValueError(
+            "schedule_block with max_epochs is not supported: where a source runs out is "
+            "closed-form arithmetic on the schedule in order"
+        )
     if config.packing is not None:
         raise ValueError(
             f"max_epochs with packing is not supported yet (sources {list(timeline.policies)}): "

@@ -176,6 +176,8 @@ class Timeline:
         """Stream ``worker``'s phases; ``shares``: its rows of one epoch of each source."""
         segment, count = self.segment, len(self.names)
         base = tuple(segment.counts[n][worker] if n in segment.counts else 0 for n in self.names)
+        if not self.policies:  # one phase, under the timeline's own (maybe permuted) schedule
+            return (Phase(0, base, tuple(range(count)), self.schedule),)
         limits = tuple(
             None if m is None or not q else m * q
             for m, q in zip(self.max_epochs or (None,) * count, shares, strict=True)

@@ -7,6 +7,7 @@ A mixture's state is plain JSON-safe builtins::
     _even_batches                       bool
     _mixture     {"weights": {name: int}, "epoch_size": int,
                   "policies": {name: [max_epochs, "stop" | "renormalize"]} (limited sources),
+                  "schedule_block": int (0: the period in order), "schedule_seed": int,
                   "segment": [epoch, [position per worker], {name: [rows read per worker]}]}
     streams      positions handed out in the epoch, one per worker stream of this rank
     cursor                              int      the worker whose batch comes next
@@ -73,6 +74,8 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
             "weights": mix.weights,
             "epoch_size": mix.timeline.epoch_size,
             "policies": mix.timeline.policies,
+            "schedule_block": mix.timeline.schedule.block,
+            "schedule_seed": mix.timeline.schedule.seed,
             "segment": [
                 segment.epoch,
                 list(segment.positions),
@@ -280,6 +283,8 @@ def _dealt_rest(
 def _described(timeline: Timeline) -> str:
     """What of a mixture a state compares: its weights, epoch size and policies."""
     text = f"{timeline.weights} with epoch_size={timeline.epoch_size}"
+    if timeline.schedule.block:
+        text += f", schedule_block={timeline.schedule.block} (seed {timeline.schedule.seed})"
     return text + (f", policies {timeline.policies}" if timeline.policies else "")
 
 
@@ -420,8 +425,14 @@ def _stored_timeline(state: Mapping[str, Any]) -> Timeline:
             f"state key '_mixture.segment' must be [epoch, [position per worker], {{source: "
             f"[rows per worker]}}, [positions of that epoch per worker]], got {segment!r:.200}"
         )
+    block, seed = mixture.get("schedule_block", 0), mixture.get("schedule_seed", 0)
+    if type(block) is not int or block < 0 or type(seed) is not int:
+        raise InvalidStateError(
+            f"state keys '_mixture.schedule_block' and '.schedule_seed' must be ints (the "
+            f"block >= 0), got {block!r:.40} and {seed!r:.40}"
+        )
     try:
-        schedule = Schedule(tuple(weights.values()))
+        schedule = Schedule(tuple(weights.values()), block=block, seed=seed)
     except ValueError as exc:
         raise InvalidStateError(f"state key '_mixture.weights': {exc}") from exc
     policies = mixture.get("policies", {})

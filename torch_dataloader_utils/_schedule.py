@@ -19,6 +19,9 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
+
+from ._order import permutation
 
 __all__ = ["MAX_PERIOD", "Schedule"]
 
@@ -31,13 +34,22 @@ IntArray = npt.NDArray[np.int64]
 
 @dataclass(frozen=True)
 class Schedule:
-    """The schedule of integer ``weights`` (one per source, each at least 1)."""
+    """The schedule of integer ``weights`` (one per source, each at least 1).
+
+    With ``block`` (positions, rounded up to whole periods) the positions of each block are
+    permuted, keyed by ``seed`` and the block's number: every block still holds each source's
+    exact share, and its order no longer repeats. Without, the period repeats in order.
+    """
 
     weights: tuple[int, ...]
+    block: int = 0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if not self.weights or min(self.weights) < 1:
             raise ValueError(f"weights must be positive integers, got {list(self.weights)}")
+        if self.block < 0:
+            raise ValueError(f"a schedule block must be >= 0 positions, got {self.block}")
         if self.period_length > MAX_PERIOD:
             raise ValueError(
                 f"weights {list(self.weights)} make a schedule period of {self.period_length} "
@@ -60,14 +72,29 @@ class Schedule:
         """The source of each position of a period."""
         return _period(self.reduced)
 
+    @property
+    def block_length(self) -> int:
+        """Positions of a block: ``block`` rounded up to whole periods, or one period."""
+        period = self.period_length
+        return -(-self.block // period) * period if self.block else period
+
     def counts(self, position: int) -> IntArray:
         """How many positions of each source come before ``position``."""
-        periods, rest = divmod(position, self.period_length)
-        counts = np.bincount(self.period[:rest], minlength=len(self.weights)).astype(np.int64)
-        return counts + periods * np.array(self.reduced, dtype=np.int64)
+        blocks, rest = divmod(position, self.block_length)
+        counts = np.bincount(self._block(blocks)[:rest], minlength=len(self.weights))
+        periods = blocks * (self.block_length // self.period_length)
+        return counts.astype(np.int64) + periods * np.array(self.reduced, dtype=np.int64)
+
+    def _block(self, number: int) -> npt.NDArray[np.int16]:
+        """The source of each position of block ``number``."""
+        if not self.block:
+            return self.period
+        return _permuted_block(self.reduced, self.block_length, self.seed, number)
 
     def position_after(self, source: int, count: int) -> int:
-        """The position just after source ``source``'s ``count``-th (``count >= 1``)."""
+        """The position just after source ``source``'s ``count``-th (``count >= 1``; the
+        schedule unpermuted)."""
+        assert not self.block, "a permuted schedule has no closed-form position of a count"
         periods, rest = divmod(count - 1, self.reduced[source])
         return periods * self.period_length + int(self._occurrences[source][rest]) + 1
 
@@ -78,7 +105,24 @@ class Schedule:
 
     def sources(self, start: int, stop: int) -> npt.NDArray[np.int16]:
         """The source of each position in ``[start, stop)``."""
-        return self.period[np.arange(start, stop, dtype=np.int64) % self.period_length]
+        length = self.block_length
+        if not self.block:
+            return self.period[np.arange(start, stop, dtype=np.int64) % length]
+        parts = []
+        for number in range(start // length, -(-stop // length)):
+            lo, hi = max(start, number * length), min(stop, (number + 1) * length)
+            parts.append(self._block(number)[lo - number * length : hi - number * length])
+        return np.concatenate([np.empty(0, np.int16), *parts])
+
+
+@lru_cache(maxsize=4)
+def _permuted_block(
+    reduced: tuple[int, ...], length: int, seed: int, number: int
+) -> npt.NDArray[np.int16]:
+    """Block ``number`` of a permuted schedule: its whole periods in a keyed random order."""
+    periods = np.tile(_period(reduced), length // sum(reduced))
+    key = xxhash.xxh64_intdigest(f"{seed}:schedule:{number}".encode())
+    return periods[permutation(length, key)]
 
 
 @lru_cache(maxsize=8)
