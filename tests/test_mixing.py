@@ -938,7 +938,7 @@ def test_schedule_block_mixes_the_period_and_resumes_exactly(tmp_path: Path) -> 
     loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
     batches = [b["source"].tolist() for b in loader]
     plain, _ = StructuredDataset.create_dataloader(paths, weights={"a": 3, "b": 1}, batch_size=16)
-    assert [b["source"].tolist() for b in plain][0] == [0, 0, 1, 0] * 4  # the period, in order
+    assert next(iter(plain))["source"].tolist() == [0, 0, 1, 0] * 4  # the period, in order
     assert batches[0] != batches[1]  # permuted: no period repeats batch after batch
     assert all(sum(batches[i] + batches[i + 1] + batches[i + 2] + batches[i + 3]) == 16
                for i in range(0, 24, 4))  # fmt: skip  # every 64 positions: 16 of b exactly
