@@ -19,6 +19,7 @@ import pytest
 from _harness import torch_round_trip
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_fuzz import mutate
 
 from torch_dataloader_utils import (
     CheckpointMismatchError,
@@ -953,3 +954,48 @@ def test_schedule_block_mixes_the_period_and_resumes_exactly(tmp_path: Path) -> 
     loader, _ = StructuredDataset.create_dataloader(paths, weights={"a": 3, "b": 1}, batch_size=16)
     with pytest.raises(CheckpointMismatchError, match="schedule_block=64"):
         loader.load_state_dict(state)
+
+
+@pytest.fixture(scope="module")
+def mixture_states(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], list[Any]]:
+    """Real mixture states: after 0, 3 and 11 batches, after an elastic resume, after a
+    reweight; with a limited source."""
+    root = tmp_path_factory.mktemp("mix-fuzz")
+    paths: dict[str, Any] = {n: write_source(root, n, i, r) for i, (n, r) in enumerate(
+        [("a", 50), ("b", 30)])}  # fmt: skip
+    kwargs = {"weights": {"a": 2, "b": 1}, "batch_size": 4, "shuffle": True}
+    states = []
+    for k in (0, 3, 11):
+        loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
+        it = iter(loader)
+        for _ in range(k):
+            next(it)
+        states.append(json.loads(json.dumps(loader.state_dict())))
+        del it
+    _, ds = StructuredDataset.create_dataloader(paths, **kwargs)
+    ds.load_state_dict([states[1]], elastic=True)
+    states.append(json.loads(json.dumps(ds.state_dict())))
+    return paths, states
+
+
+@given(data=st.data())
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_a_corrupted_mixture_state_is_refused_by_name(
+    mixture_states: tuple[dict[str, str], list[Any]], data: Any
+) -> None:
+    """Mutated mixture states load and resume, or raise the library's errors (never a raw
+    ``TypeError``, ``KeyError``, ``IndexError``..., never a hang: at most 100 batches read)."""
+    paths, states = mixture_states
+    state = mutate(data.draw(st.sampled_from(states)), data.draw)
+    loader, _ = StructuredDataset.create_dataloader(
+        paths, weights={"a": 2, "b": 1}, batch_size=4, shuffle=True
+    )
+    try:
+        loader.load_state_dict(state)
+        rest = [i for batch in itertools.islice(loader, 100) for i in batch["id"].tolist()]
+    except (InvalidStateError, CheckpointMismatchError) as exc:
+        assert str(exc).strip()
+        return
+    assert set(rest) <= {*range(50), *range(_SPAN, _SPAN + 30)}

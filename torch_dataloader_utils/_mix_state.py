@@ -23,7 +23,8 @@ content make a changed file of any source fail to match, and the error names the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -100,6 +101,40 @@ def load_mixture(
 ) -> tuple[Start, MixedEpochs]:
     """Where ``state`` continues, and the mixture to continue it with: ``mix`` under the
     state's segment, or (``reweight``, weights or sources changed) a segment starting there."""
+    with _inconsistent():
+        return _load(mix, state, num_workers, reweight=reweight)
+
+
+def load_mixture_elastic(
+    mix: MixedEpochs, states: Sequence[Mapping[str, Any]], num_workers: int
+) -> tuple[Start, MixedEpochs]:
+    """Every old rank's state dealt anew to this job: per source, the rows of the epochs the
+    old streams had begun and not finished (each epoch's rest dealt as one dataset's elastic
+    resume deals it, packed: a document cut where its tokens stopped), then its next epochs
+    afresh; the rest of the mixture epoch's positions dealt to the new streams, whose schedule
+    starts there."""
+    with _inconsistent():
+        return _load_elastic(mix, states, num_workers)
+
+
+@contextmanager
+def _inconsistent() -> Iterator[None]:
+    """A state whose parts are well-formed but do not fit together (a position past its
+    epoch, a segment after it, numbers out of range) is corrupted: say so, never raise raw."""
+    try:
+        yield
+    except (InvalidStateError, CheckpointMismatchError):
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, MemoryError) as exc:
+        raise InvalidStateError(
+            f"the mixture state is corrupted: its parts do not fit together "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def _load(
+    mix: MixedEpochs, state: Mapping[str, Any], num_workers: int | None, *, reweight: bool
+) -> tuple[Start, MixedEpochs]:
     _check_shape(state)
     workers = state["_num_workers"] if num_workers is None else num_workers
     where = f"mixture {list(state['sources'])}"
@@ -114,6 +149,24 @@ def load_mixture(
     rests = _stored_rests(state, mix)
     then = MixedProgress(mix.following(stored, rests), state["epoch"], workers)
     then.positions = {w: p for w, p in enumerate(state["streams"]) if p is not None}
+    if len(state["streams"]) != max(1, workers):
+        raise InvalidStateError(
+            f"state key 'streams' holds {len(state['streams'])} positions for "
+            f"{max(1, workers)} worker stream(s): the state is corrupted"
+        )
+    for worker, length in enumerate(stored.segment.lengths):
+        if length > then.length(worker) + 1:  # a rest dealt anew is at most an epoch's share
+            raise InvalidStateError(
+                f"state key '_mixture.segment' gives worker {worker} {length} positions in "
+                f"epoch {stored.segment.epoch}, more than an epoch's {then.length(worker)}: the "
+                f"state is corrupted"
+            )
+    for worker, position in then.positions.items():
+        if position > then.total(worker):
+            raise InvalidStateError(
+                f"state key 'streams[{worker}]' is {position}, past the {then.total(worker)} "
+                f"positions of that stream's epoch: the state is corrupted"
+            )
     rows = {
         name: _checked_rows(mix, then, mix.names.index(name), sub, workers)
         for name, sub in state["sources"].items()
@@ -148,14 +201,9 @@ def load_mixture(
     return start, mix.following(_reweighted(then, current, workers), rests)
 
 
-def load_mixture_elastic(
+def _load_elastic(
     mix: MixedEpochs, states: Sequence[Mapping[str, Any]], num_workers: int
 ) -> tuple[Start, MixedEpochs]:
-    """Every old rank's state dealt anew to this job: per source, the rows of the epochs the
-    old streams had begun and not finished (each epoch's rest dealt as one dataset's elastic
-    resume deals it, packed: a document cut where its tokens stopped), then its next epochs
-    afresh; the rest of the mixture epoch's positions dealt to the new streams, whose schedule
-    starts there."""
     if not states:
         raise InvalidStateError("no states given: pass one state per rank of the old job")
     for state in states:
@@ -399,9 +447,10 @@ def _stored_timeline(state: Mapping[str, Any]) -> Timeline:
             f"state key '_mixture.weights' must map each source of 'sources' to an int >= 1, "
             f"got {weights!r:.200}"
         )
-    if type(rows) is not int or rows < 1:
+    if type(rows) is not int or not 1 <= rows <= _MAX_EPOCH_SIZE:
         raise InvalidStateError(
-            f"state key '_mixture.epoch_size' must be an int >= 1, got {rows!r:.80}"
+            f"state key '_mixture.epoch_size' must be an int from 1 to {_MAX_EPOCH_SIZE}, got "
+            f"{rows!r:.80}"
         )
     if not (
         isinstance(segment, list)
@@ -496,6 +545,9 @@ def _source_rest(sub: object, name: str) -> SourceRest:
         fresh,
     )
 
+
+# Positions of a mixture epoch a state may hold: far beyond any job, well within int64.
+_MAX_EPOCH_SIZE = 2**48
 
 _KEYS: dict[str, type] = {
     "version": int, "epoch": int, "_mixture": dict, "_num_workers": int, "_rank": int,

@@ -23,11 +23,13 @@ import xxhash
 
 from ._order import permutation
 
-__all__ = ["MAX_PERIOD", "Schedule"]
+__all__ = ["MAX_BLOCK", "MAX_PERIOD", "Schedule"]
 
 # Positions of a period: a bound on the work of building it (weights to 1/65,536 are finer than
 # any mixture needs).
 MAX_PERIOD = 2**16
+# Positions of a permuted block: each is materialised (2 bytes a position) when read.
+MAX_BLOCK = 2**22
 
 IntArray = npt.NDArray[np.int64]
 
@@ -48,8 +50,8 @@ class Schedule:
     def __post_init__(self) -> None:
         if not self.weights or min(self.weights) < 1:
             raise ValueError(f"weights must be positive integers, got {list(self.weights)}")
-        if self.block < 0:
-            raise ValueError(f"a schedule block must be >= 0 positions, got {self.block}")
+        if not 0 <= self.block <= MAX_BLOCK:
+            raise ValueError(f"schedule_block must be 1 to {MAX_BLOCK} positions, got {self.block}")
         if self.period_length > MAX_PERIOD:
             raise ValueError(
                 f"weights {list(self.weights)} make a schedule period of {self.period_length} "
