@@ -22,6 +22,9 @@ def _batch(rows: int) -> pa.RecordBatch:
         "flag": pa.array(rng.random(rows) < 0.5),
         "text": pa.array([f"row {i}" for i in range(rows)]),
         "tokens": pa.array([list(range(i % 5)) for i in range(rows)], pa.list_(pa.int32())),
+        "floats": pa.array([[i / 2] * (i % 3) for i in range(rows)], pa.large_list(pa.float32())),
+        "holes": pa.array([[i, None] if i % 4 == 1 else [i] for i in range(rows)],
+                          pa.list_(pa.int64())),
     })  # fmt: skip
 
 
@@ -44,7 +47,7 @@ def test_without_plain_columns() -> None:
 
 @pytest.mark.parametrize("output", ["torch", "numpy", "arrow"])
 def test_converted_rows_equal_converted_batch(output: str) -> None:
-    batch = _batch(40).drop_columns(["nulls", "flag"])  # NaN != NaN; bools are not plain
+    batch = _batch(40).drop_columns(["nulls", "flag", "holes"])  # no tensor form
     index = np.random.default_rng(2).permutation(40)[:30]
     rows = Window([batch.slice(0, 13), batch.slice(13)]).take(index)
     got = convert(rows, output, copy=False, nested=False)
@@ -54,7 +57,7 @@ def test_converted_rows_equal_converted_batch(output: str) -> None:
         return
     assert list(got) == list(want)
     for name, value in want.items():
-        if name == "tokens":
+        if name in ("tokens", "floats"):
             assert np.array_equal(np.asarray(got[name].values), np.asarray(value.values))
             assert np.array_equal(got[name].offsets, value.offsets)
         elif isinstance(value, torch.Tensor | np.ndarray):
