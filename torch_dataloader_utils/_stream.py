@@ -225,14 +225,13 @@ def _read_window(
     blocks, begin, key = order.window(number)
     runs, run_of = _runs_of(blocks, source.index.unit_starts)
     opener = _Opener(source, runs, 0, 0)
-    schema = source.index.schema
     parts: list[pa.RecordBatch] = []
     lane_bytes = source.lane_bytes()
     for run in range(len(runs)):
         read = _piece_read(source, runs, run, 0)
         handle = opener.open(read, lane_bytes)
         rows = int(runs.rows[run])
-        chunks = [_conform(c, schema) for c, _ in _piece_chunks(source, read, handle, rows)]
+        chunks = [_conform(c) for c, _ in _piece_chunks(source, read, handle, rows)]
         start = int(runs.lo[run])
         for block in np.flatnonzero(run_of == run).tolist():
             parts += _sliced(chunks, int(blocks.lo[block]) - start, int(blocks.hi[block]) - start)
@@ -393,7 +392,7 @@ def _piece_chunks(
         )
 
 
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` with the dataset's schema (files may differ in schema metadata only)."""
     return batch if batch.schema.metadata is None else batch.replace_schema_metadata(None)
 
