@@ -107,6 +107,15 @@ def test_ddp_packed(tmp_path: Path) -> None:
     assert "the rest after the common stop delivered elastically" in line
 
 
+@pytest.mark.ddp
+def test_train_mixture(tmp_path: Path) -> None:
+    """A packed 3-source mixture under DDP: crash, resume, reweight with a source added."""
+    line = summary(run_example("train_mixture.py", tmp_path, ranks=2), "train_mixture")
+    assert "resumed identically after a crash at step 8 (checkpoint at 5)" in line
+    assert "reweighted to {'web': 5, 'code': 3, 'math': 4, 'books': 2}" in line
+    assert "tokens each trained on once" in line
+
+
 def test_hf_trainer(tmp_path: Path) -> None:
     """StructuredTrainer: crash at step 6, train(resume_from_checkpoint=True), packed (workers:
     tests/test_hf_trainer.py)."""

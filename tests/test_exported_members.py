@@ -26,6 +26,7 @@ def test_exports():
         "InvalidStateError",
         "LostBatchesError",
         "SchemaMismatchError",
+        "Source",
         "StructuredDataLoader",
         "StructuredDataset",
         "TokenPacking",

@@ -227,7 +227,7 @@ def memory_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def test_memory_protocol_reads_ahead_and_resumes(memory_data: str):
     dataset = StructuredDataset(memory_data, columns=["id", "name"], split_bytes=1, batch_size=8)
-    assert not dataset._storage.is_local
+    assert not dataset._opened[0].storage.is_local
     rows = [(int(i), n) for b in dataset for i, n in zip(b["id"], b["name"], strict=True)]
     assert sorted(rows) == [(i, f"r{i}") for i in range(120)]
     for budget in (4096, 2**20):  # windows of a few rows, and one window a stream

@@ -11,6 +11,7 @@ from ._errors import (
     UnsendableBatchError,
 )
 from ._loader import StructuredDataLoader
+from ._mixture import Source
 from ._tokens import TokenPacking
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "InvalidStateError",
     "LostBatchesError",
     "SchemaMismatchError",
+    "Source",
     "StructuredDataLoader",
     "StructuredDataset",
     "TokenPacking",

@@ -22,9 +22,21 @@ from ._formats import get_format
 from ._handout import Mark
 from ._index import DatasetIndex, build_index
 from ._log import log
+from ._mix_epochs import (
+    AnyProgress,
+    MixedEpochs,
+    MixedProgress,
+    MixPosition,
+    Timeline,
+    source_seed,
+)
+from ._mix_state import encode_mixture, load_mixture, load_mixture_elastic
+from ._mix_stream import MixedSource
+from ._mixture import Source, check_schemas, mixture_sources
 from ._reader import StreamReader
+from ._schedule import Schedule
 from ._storage import Storage
-from ._stream import StreamSource
+from ._stream import ChunkSource, SourceFiles
 from ._tokens import TokenPacking
 from ._transport import SharedSlots
 from ._world import World, detect_ranks, detect_worker
@@ -72,7 +84,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def __init__(
         self,
-        path: str | Sequence[str],
+        path: str | Sequence[str] | Mapping[str, str | Sequence[str] | Source],
         format: str = "parquet",
         *,
         batch_size: int = 1024,
@@ -90,6 +102,10 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         even_batches: bool | None = None,
         packing: TokenPacking | None = None,
         share_index: bool = False,
+        weights: Mapping[str, int] | None = None,
+        epoch_size: int | None = None,
+        source_column: str | None = "source",
+        schedule_block: int | None = None,
     ) -> None:
         super().__init__()
         even = optional_flag("even_batches", even_batches)
@@ -107,17 +123,59 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             drop_last=flag("drop_last", drop_last),
             packing=packing,
         )
-        self._format = get_format(format)
         self._rank, self._world_size = detect_ranks(
             optional_whole("rank", rank, at_least=0),
             optional_whole("world_size", world_size, at_least=1),
         )
         World(self._rank, self._world_size)  # validates the pair
+        even = self._world_size > 1 if even is None else even
+        self._epochs: Epochs | MixedEpochs
+        self._opened: tuple[SourceFiles, ...]
+        if isinstance(path, Mapping):
+            self._epochs, self._opened = self._mixture(
+                path, weights, config, storage_options, share_index, even,
+                epoch_size=optional_whole("epoch_size", epoch_size, at_least=1),
+                source_column=source_column,
+                schedule_block=optional_whole("schedule_block", schedule_block, at_least=1),
+            )  # fmt: skip
+        else:
+            if weights is not None or epoch_size is not None or schedule_block is not None:
+                raise TypeError(
+                    "weights=, epoch_size= and schedule_block= are for a mixture: pass path "
+                    "as a mapping of source names to paths (docs/mixing.md)"
+                )
+            index, opened = self._source(path, config, storage_options, share_index)
+            self._epochs = Epochs(
+                index=index,
+                config=config,
+                rank=self._rank,
+                world_size=self._world_size,
+                even_batches=even,
+            )
+            self._opened = (opened,)
+        if packing is not None:
+            packing.check(self._epochs.schema)
+        warm_up(self._epochs.schema, config.output)
+        self._loader_workers: int | None = None  # the num_workers of our loader, once known
+        self._start = Start.fresh(0)
+        self._handoff: Iteration | None = None  # the iteration our loader is starting
+        self._progress: AnyProgress | None = None
+        self._resumed = False
+
+    def _source(
+        self,
+        path: str | Sequence[str],
+        config: DatasetConfig,
+        storage_options: Mapping[str, Any] | None,
+        share_index: bool,
+    ) -> tuple[DatasetIndex, SourceFiles]:
+        """The index of one dataset's files, and how to read them."""
         first = path if isinstance(path, str) else next(iter(path), "")
-        self._storage = Storage(first, storage_options)
+        storage = Storage(first, storage_options)
+        fmt = get_format(config.format)
         index = build_index(
-            self._storage,
-            self._format,
+            storage,
+            fmt,
             path,
             config.read_columns,
             config.split_bytes,
@@ -125,26 +183,85 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             rank=self._rank if share_index else 0,
             world_size=self._world_size if share_index else 1,
         )
-        if packing is not None:
-            packing.check(index.schema)
-        warm_up(index.schema, config.output)
-        self._epochs = Epochs(
-            index=index,
+        files = SourceFiles(
+            storage=storage,
+            fmt=fmt,
+            columns=config.read_columns,
+            memory_bytes=config.shuffle_memory_bytes,
+        )
+        return index, files
+
+    def _mixture(
+        self,
+        paths: Mapping[str, str | Sequence[str] | Source],
+        weights: Mapping[str, int] | None,
+        config: DatasetConfig,
+        storage_options: Mapping[str, Any] | None,
+        share_index: bool,
+        even: bool,
+        *,
+        epoch_size: int | None,
+        source_column: str | None,
+        schedule_block: int | None,
+    ) -> tuple[MixedEpochs, tuple[SourceFiles, ...]]:
+        """The epochs of a mixture of ``paths`` and how to read each source."""
+        if config.packing is not None and epoch_size is None:
+            raise ValueError(
+                "a packed mixture needs epoch_size= (packed sequences per epoch, over all "
+                "ranks): how many sequences its sources make depends on their tokens"
+            )
+        specs = mixture_sources(
+            paths, weights, format=config.format, storage_options=storage_options,
+            split_bytes=config.split_bytes,
+        )  # fmt: skip
+        sources, files = [], []
+        for spec in specs:
+            own = replace(
+                config, format=spec.format, split_bytes=spec.split_bytes,
+                shuffle_seed=source_seed(config.shuffle_seed, spec.name),
+            )  # fmt: skip
+            index, opened = self._source(spec.path, own, spec.storage_options, share_index)
+            sources.append(
+                Epochs(index=index, config=own, rank=self._rank, world_size=self._world_size,
+                       even_batches=False)
+            )  # fmt: skip
+            files.append(opened)
+        names = tuple(spec.name for spec in specs)
+        check_schemas(names, [epochs.index.schema for epochs in sources])
+        if source_column is not None and source_column in sources[0].index.schema.names:
+            raise ValueError(
+                f"the sources have a column {source_column!r}, the name of the column that "
+                f"tells each row's source: pass source_column= another name"
+            )
+        total = sum(int(epochs.index.split_rows.sum()) for epochs in sources)
+        schedule = Schedule(
+            tuple(spec.weight for spec in specs), block=schedule_block or 0,
+            seed=config.shuffle_seed,
+        )  # fmt: skip
+        timeline = Timeline(
+            names,
+            schedule,
+            total if epoch_size is None else epoch_size,
+            max_epochs=tuple(spec.max_epochs for spec in specs),
+            stops=tuple(spec.stops for spec in specs),
+        )
+        _check_policies(timeline, config, even and self._world_size > 1)
+        mix = MixedEpochs(
+            timeline=timeline,
+            sources=tuple(sources),
+            source_names=names,
             config=config,
             rank=self._rank,
             world_size=self._world_size,
-            even_batches=self._world_size > 1 if even is None else even,
+            even_batches=even,
+            source_column=source_column,
         )
-        self._loader_workers: int | None = None  # the num_workers of our loader, once known
-        self._start = Start.fresh(0)
-        self._handoff: Iteration | None = None  # the iteration our loader is starting
-        self._progress: Progress | None = None
-        self._resumed = False
+        return mix, tuple(files)
 
     @classmethod
     def create_dataloader(
         cls,
-        path: str | Sequence[str],
+        path: str | Sequence[str] | Mapping[str, str | Sequence[str] | Source],
         format: str = "parquet",
         *,
         batch_size: int = 1024,
@@ -163,6 +280,10 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         even_batches: bool | None = None,
         packing: TokenPacking | None = None,
         share_index: bool = False,
+        weights: Mapping[str, int] | None = None,
+        epoch_size: int | None = None,
+        source_column: str | None = "source",
+        schedule_block: int | None = None,
         **dataloader_kwargs: Any,
     ) -> tuple[StructuredDataLoader, StructuredDataset]:
         """``(loader, dataset)``: the loader records what it hands out and resumes exactly."""
@@ -188,6 +309,10 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             even_batches=even_batches,
             packing=packing,
             share_index=share_index,
+            weights=weights,
+            epoch_size=epoch_size,
+            source_column=source_column,
+            schedule_block=schedule_block,
         )
         return StructuredDataLoader(dataset, num_workers=num_workers, **dataloader_kwargs), dataset
 
@@ -208,36 +333,67 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 f"for the epochs after the resumed one.",
                 stacklevel=2,
             )
-        self._start = Start.fresh(epoch)
+        self._start = self._carried(epoch) or Start.fresh(epoch)
         self._progress = None
         self._resumed = False
+
+    def _carried(self, epoch: int) -> Start | None:
+        """A packed mixture's ``epoch`` continuing each source where the epoch before it
+        stands (iterated here, or loaded); ``None`` otherwise."""
+        if not isinstance(self._epochs, MixedEpochs) or self._epochs.config.packing is None:
+            return None
+        before: Sequence[object] | None = self._start.positions
+        if isinstance(self._progress, MixedProgress) and self._progress.epoch == epoch - 1:
+            workers = max(1, self._progress.num_workers)
+            before = [self._progress.positions.get(w) for w in range(workers)]
+        elif self._start.epoch != epoch - 1:
+            return None
+        if before is None or not all(isinstance(p, MixPosition) for p in before):
+            return None
+        positions = tuple(MixPosition(0, p.sources) for p in before if isinstance(p, MixPosition))
+        return Start(epoch=epoch, positions=positions, checkpoint_workers=len(positions))
 
     def state_dict(self) -> dict[str, Any]:
         """What the training loop has been handed in this epoch, by content (JSON-safe)."""
         if self._progress is not None:
-            return self._epochs.encode(self._progress)
+            return _encoded(self._epochs, self._progress)
         return self._start_state(self._start)
 
     def _start_state(self, start: Start) -> dict[str, Any]:
         workers = self._known_workers()
         if start.checkpoint_workers is not None:
             workers = start.checkpoint_workers
+        if isinstance(self._epochs, MixedEpochs):
+            return encode_mixture(self._epochs, self._epochs.begin(start, workers or 0))
         return self._epochs.encode_start(start, workers or 0)
 
     def load_state_dict(
-        self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, elastic: bool = False
+        self,
+        state: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        elastic: bool = False,
+        reweight: bool = False,
     ) -> None:
         """Continue from ``state`` at the next iteration; call before iterating.
 
         ``elastic=True`` takes the list of every old rank's state (or one state) and re-deals
         what they had not delivered to the current ranks and workers: each row exactly once,
         in a different order. Raises ``CheckpointMismatchError`` when files or settings differ.
+        ``reweight=True`` (a mixture) continues a state saved under other weights, sources or
+        ``epoch_size`` under the current ones, each source from where it stood.
         """
         workers = self._known_workers()
-        if flag("elastic", elastic):
+        reweight = flag("reweight", reweight)
+        if isinstance(self._epochs, MixedEpochs) and isinstance(state, Mapping) and not elastic:
+            start, self._epochs = load_mixture(self._epochs, state, workers, reweight=reweight)
+        elif flag("elastic", elastic):
             states = [state] if isinstance(state, Mapping) else list(state)
-            start = self._epochs.load_elastic(states, workers or 0)
+            if isinstance(self._epochs, MixedEpochs):
+                start, self._epochs = load_mixture_elastic(self._epochs, states, workers or 0)
+            else:
+                start = self._epochs.load_elastic(states, workers or 0)
         elif isinstance(state, Mapping):
+            assert isinstance(self._epochs, Epochs)
             start = self._epochs.load(state, workers)
         else:
             raise TypeError(
@@ -273,6 +429,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     @property
     def _index(self) -> DatasetIndex:
+        """The index of a dataset of one source (tests and tools look at it)."""
+        assert isinstance(self._epochs, Epochs)
         return self._epochs.index
 
     def _known_workers(self) -> int | None:
@@ -284,6 +442,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch (with the loader's ``num_workers``)."""
+        if isinstance(self._epochs, MixedEpochs):
+            return self._epochs.batches(self._start, self._loader_workers or 0)
         if self._epochs.config.packing is not None:
             raise TypeError(
                 "a packed dataset has no len(): its batches count tokens, which the files' "
@@ -321,7 +481,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def _batch_bytes(self) -> int:
         """About how many bytes a batch holds (to size our loader's shared memory)."""
-        return self._epochs.config.batch_bytes(self._epochs.index.schema)
+        return self._epochs.config.batch_bytes(self._epochs.schema)
 
     def _mark(self) -> Mark:
         """Where delivery stands now (before our loader hands out its next batch)."""
@@ -339,10 +499,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         """The state dict as it was at ``mark``."""
         if mark.progress is None:
             return self._start_state(mark.start)
-        then = replace(
-            mark.progress, positions=dict(mark.positions), cursor=mark.cursor, _entries={}
-        )
-        return self._epochs.encode(then)
+        then = replace(mark.progress, positions=dict(mark.positions), cursor=mark.cursor)
+        then._entries = {}
+        return _encoded(self._epochs, then)
 
     @property
     def _next_start(self) -> Start:
@@ -350,7 +509,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         return self._start
 
     @contextmanager
-    def _iteration(self, num_workers: int, slots: SharedSlots | None = None) -> Iterator[Progress]:
+    def _iteration(
+        self, num_workers: int, slots: SharedSlots | None = None
+    ) -> Iterator[AnyProgress]:
         """Main process: the progress of the iteration that starts inside the block (its
         workers forked there, or, without workers, the ``iter()`` the DataLoader calls there).
 
@@ -368,30 +529,28 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             self._start = Start.fresh(self.epoch)
             self._resumed = False
 
-    def _deliver(self, worker: int, progress: Progress, read_ahead: int = 0) -> Iterator[Any]:
+    def _deliver(self, worker: int, progress: AnyProgress, read_ahead: int = 0) -> Iterator[Any]:
         """Batches of one stream, recording each position before handing the batch out."""
         for batch, position in self._reader(progress, worker).batches(read_ahead=read_ahead):
             progress.record(worker, position, cursor=0)
             yield batch
 
-    def _describe_stream(self, progress: Progress, worker: int, position: int) -> str:
+    def _describe_stream(self, progress: AnyProgress, worker: int, position: int) -> str:
         """The split(s) of stream ``worker`` that hold the rows just before ``position``."""
-        return progress.orders[worker].describe_at(position)
+        return self._reader(progress, worker).source.describe_at(position)
 
-    def _reader(self, progress: Progress, worker: int) -> StreamReader:
+    def _reader(self, progress: AnyProgress, worker: int) -> StreamReader:
         config = self._epochs.config
-        source = StreamSource(
-            order=progress.orders[worker],
-            storage=self._storage,
-            fmt=self._format,
-            columns=config.read_columns,
-            memory_bytes=config.shuffle_memory_bytes,
-        )
+        source: ChunkSource
+        if isinstance(progress, MixedProgress):
+            source = MixedSource(progress, worker, self._opened)
+        else:
+            source = self._opened[0].stream(progress.orders[worker])
         return StreamReader(
             source=source,
             config=config,
             start=progress.positions[worker],
-            skips=progress.skips.get(worker, {}),
+            skips=progress.skips.get(worker, {}) if isinstance(progress, Progress) else {},
         )
 
 
@@ -416,7 +575,46 @@ _NOT_OUR_LOADER = (
 )
 
 
-def _log_start(progress: Progress) -> None:
+def _check_policies(timeline: Timeline, config: DatasetConfig, lockstep: bool) -> None:
+    """Refuse exhaustion policies the mixture cannot honour: packed (a source runs out when
+    its tokens do, known only by reading), or ending streams at different batches under DDP."""
+    if not timeline.policies:
+        return
+    if timeline.schedule.block:
+        raise ValueError(
+            "schedule_block with max_epochs is not supported: where a source runs out is "
+            "closed-form arithmetic on the schedule in order"
+        )
+    if config.packing is not None:
+        raise ValueError(
+            f"max_epochs with packing is not supported yet (sources {list(timeline.policies)}): "
+            f"a packed source runs out when its tokens do"
+        )
+    limited = all(m is not None for m in timeline.max_epochs)
+    if lockstep and (any(timeline.stops) or limited):
+        raise ValueError(
+            "under DDP with even_batches, a mixture's streams must not end (each would end at "
+            "its own batch, and DDP would hang): let at least one source cycle (no "
+            "max_epochs) and use when_exhausted='renormalize'"
+        )
+
+
+def _encoded(epochs: Epochs | MixedEpochs, progress: AnyProgress) -> dict[str, Any]:
+    """The state dict of ``progress``."""
+    if isinstance(progress, MixedProgress):
+        return encode_mixture(progress.mix, progress)
+    assert isinstance(epochs, Epochs)
+    return epochs.encode(progress)
+
+
+def _log_start(progress: AnyProgress) -> None:
+    if isinstance(progress, MixedProgress):
+        log.info(
+            "mixture %s, epoch %d: rank %d starts at positions %s of its %d stream(s)",
+            progress.mix.weights, progress.epoch, progress.mix.rank,
+            list(progress.positions.values()), len(progress.positions),
+        )  # fmt: skip
+        return
     plan = progress.plan
     settings = progress.settings
     left_out = progress.left_out()

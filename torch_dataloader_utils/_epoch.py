@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ._config import DatasetConfig
 from ._errors import InvalidStateError
@@ -109,6 +110,11 @@ class Epochs:
     rank: int
     world_size: int
     even_batches: bool
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The columns of a batch."""
+        return self.index.schema
 
     @property
     def shuffle(self) -> Shuffle | None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._epoch import Progress, Start
+from ._epoch import Start
+from ._mix_epochs import AnyProgress
 
 __all__ = ["KEEP", "HandOuts", "Mark", "UnreadBatch"]
 
@@ -34,7 +35,7 @@ class Mark:
     """Where delivery stood before a batch was handed out: the iteration's progress with its
     positions and cursor then, or (``progress`` None) the start of an iteration not begun."""
 
-    progress: Progress | None
+    progress: AnyProgress | None
     positions: dict[int, int]
     cursor: int
     start: Start
@@ -48,12 +49,12 @@ class HandOuts:
     """
 
     def __init__(self) -> None:
-        self.progress: Progress | None = None  # the iteration's, once it has begun
+        self.progress: AnyProgress | None = None  # the iteration's, once it has begun
         self._handed = 0
         self._read = 0
         self._marks: dict[int, Mark] = {}
 
-    def hand_out(self, batch: Any, mark: Mark, progress: Progress | None) -> Any:
+    def hand_out(self, batch: Any, mark: Mark, progress: AnyProgress | None) -> Any:
         """``batch``, numbered and marked; an ``UnreadBatch`` if it is a dict."""
         self.progress = progress
         self._handed += 1

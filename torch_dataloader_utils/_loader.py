@@ -14,10 +14,10 @@ import torch.utils.data
 from ._args import loader_options
 from ._compat import ACCELERATE_PREPARED, accelerator_available, shutdown_workers
 from ._dataset import StructuredDataset
-from ._epoch import Progress
 from ._errors import CheckpointMismatchError, LostBatchesError, UnsendableBatchError
 from ._handout import KEEP, HandOuts
 from ._log import log
+from ._mix_epochs import AnyProgress
 from ._packets import WorkerFailure, slot_bytes
 from ._stream import Position
 from ._transport import Packet, SharedSlots
@@ -162,11 +162,15 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         return self.dataset._state_at(mark)
 
     def load_state_dict(
-        self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, elastic: bool = False
+        self,
+        state: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        elastic: bool = False,
+        reweight: bool = False,
     ) -> None:
         """Continue from ``state`` at the next iteration (see ``StructuredDataset``)."""
         try:
-            self.dataset.load_state_dict(state, elastic=elastic)
+            self.dataset.load_state_dict(state, elastic=elastic, reweight=reweight)
         except CheckpointMismatchError as exc:
             if exc.field == "rank":
                 exc.add_note(_ANOTHER_RANKS_STATE)
@@ -254,7 +258,7 @@ class _Arrivals:
     """What has arrived from each worker: batches not yet handed out, and checks that none
     was lost (packets numbered without a gap, every worker's last one received)."""
 
-    def __init__(self, loader: StructuredDataLoader, progress: Progress) -> None:
+    def __init__(self, loader: StructuredDataLoader, progress: AnyProgress) -> None:
         self._loader = loader
         self._progress = progress
         workers = range(loader.num_workers)

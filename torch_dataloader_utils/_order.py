@@ -56,6 +56,9 @@ def _stream_key(seed: int, epoch: int, tag: str) -> int:
     return int(xxhash.xxh64_intdigest(f"{seed}:{epoch}:{tag}".encode()))
 
 
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
 def permutation(rows: int, key: int) -> npt.NDArray[np.int64]:
     """A keyed random permutation of ``range(rows)``: position ``t`` delivers row ``out[t]``.
 
@@ -67,8 +70,20 @@ def permutation(rows: int, key: int) -> npt.NDArray[np.int64]:
 
 
 def permuted(position: int, rows: int, key: int) -> int:
-    """``permutation(rows, key)[position]`` without the rest."""
-    return int(_walk(np.array([position], dtype=np.uint32), rows, _round_keys(key))[0])
+    """``permutation(rows, key)[position]`` without the rest: the same rounds on one Python
+    int (a state names a row of every stream, and of every source of a mixture, per call)."""
+    if rows <= 1:
+        return position
+    bits = (rows - 1).bit_length()
+    mask, shift = (1 << bits) - 1, (bits + 1) // 2
+    adds = [_splitmix64_int(key + n) & 0xFFFFFFFF for n in range(len(_MULTIPLIERS))]
+    x = position
+    while True:
+        for add, multiplier in zip(adds, _MULTIPLIERS, strict=True):
+            x = ((x + add) & mask) * multiplier & mask
+            x ^= x >> shift
+        if x < rows:
+            return x
 
 
 def _round_keys(key: int | npt.NDArray[np.uint64]) -> list[npt.NDArray[np.uint32]]:
@@ -116,8 +131,11 @@ def _rounds(
 
 
 def _splitmix64_int(value: int) -> int:
-    """splitmix64 of one Python int (modulo 2^64)."""
-    return int(splitmix64(np.array([value & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0])
+    """``splitmix64`` of one Python int (modulo 2^64), in Python ints."""
+    z = value * 0x9E3779B97F4A7C15 & _MASK64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK64
+    return z ^ (z >> 31)
 
 
 def cut_blocks(pieces: Pieces, unit_starts: Callable[[int], IntArray], block_rows: int) -> Pieces:

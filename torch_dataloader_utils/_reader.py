@@ -14,8 +14,8 @@ from ._config import DatasetConfig
 from ._convert import convert
 from ._errors import DataSourceError
 from ._packets import batch_parts, chunk_parts, run_sizes, send
-from ._stream import Position, Run, StreamSource, read_stream, stream_chunks
-from ._tokens import pack_tokens, positions_from_bounds
+from ._stream import ChunkSource, Position, Run, read_stream
+from ._tokens import positions_from_bounds
 from ._transport import Derived, Packet, SharedSlots
 
 __all__ = ["StreamReader"]
@@ -28,7 +28,7 @@ class StreamReader:
     ``skips`` (packed streams): tokens of rows of the share delivered by an earlier iteration.
     """
 
-    source: StreamSource
+    source: ChunkSource
     config: DatasetConfig
     start: Position
     skips: Mapping[int, int] = field(default_factory=dict)
@@ -40,7 +40,7 @@ class StreamReader:
             for out, position in self._packed(read_ahead):
                 yield (out if transform is None else transform(out)), position
             return
-        copy = copy and not self.source.fmt.decodes_into_new_memory
+        copy = copy and not self.source.decodes_into_new_memory
         for run in self._runs(itertools.repeat(1), read_ahead=read_ahead):
             run.chunks = [run.batch()]
             (out,) = self._converted(run, copy)
@@ -49,7 +49,7 @@ class StreamReader:
     def packets(self, slots: SharedSlots, worker: int) -> Iterator[Packet]:
         """The stream as packets for ``StructuredDataLoader``; the last (maybe empty) ends it."""
         if self.config.transform is None and self.config.packing is None:
-            batch_bytes = self.config.batch_bytes(self.source.index.schema)
+            batch_bytes = self.config.batch_bytes(self.source.schema)
             runs = self._runs(run_sizes(batch_bytes, slots.slot_bytes), rows=True)
             # Tensors may view Arrow's buffers or gathered records: packing copies them into
             # the slot (so shuffled rows are cut into columns right there); list columns
@@ -70,15 +70,13 @@ class StreamReader:
         make again from ``cu_seqlens``."""
         packing = self.config.packing
         assert packing is not None
-        chunks = stream_chunks(self.source, start=self.start, min_rows=1, read_ahead=read_ahead)
-        packed = pack_tokens(
-            chunks,
-            packing=packing,
+        packed = self.source.packed(
+            packing,
+            start=self.start,
             batch_size=self.config.batch_size,
             drop_last=self.config.drop_last,
             skips=self.skips,
-            end=self.source.total,
-            describe=self.source.describe_at,
+            read_ahead=read_ahead,
             position_ids=position_ids,
         )
         for arrays, position in packed:

@@ -58,7 +58,10 @@ __all__ = [
     "check_setting",
     "check_shape",
     "decode",
+    "decode_generation",
     "encode",
+    "encode_generation",
+    "encode_stream",
     "merge_states",
     "misplaced",
     "stored_split",
@@ -160,13 +163,13 @@ def encode(
             "root": index.root,  # where the names were relative to, for messages only
         },
         "num_splits": len(index.splits),
-        "streams": [_encode_stream(e, index) for e in streams],
-        "generations": [_encode_generation(g) for g in generations],
+        "streams": [encode_stream(e, index) for e in streams],
+        "generations": [encode_generation(g) for g in generations],
         "cursor": cursor,
     }
 
 
-def _encode_stream(entry: StreamEntry | None, index: DatasetIndex) -> list[Any] | None:
+def encode_stream(entry: StreamEntry | None, index: DatasetIndex) -> list[Any] | None:
     if entry is None:
         return None
     head = [entry.position, entry.tokens, entry.rows]
@@ -176,7 +179,7 @@ def _encode_stream(entry: StreamEntry | None, index: DatasetIndex) -> list[Any] 
     return [*head, *_split_key(split, index), row]
 
 
-def _encode_generation(generation: Generation) -> list[Any]:
+def encode_generation(generation: Generation) -> list[Any]:
     return [
         generation.world_size,
         generation.num_workers,
@@ -205,12 +208,12 @@ def decode(
         "shuffle_window_rows", state["_shuffle_window_rows"], settings.window_rows,
         stored_split(state),
     )  # fmt: skip
-    generations = tuple(_decode_generation(g, i) for i, g in enumerate(state["generations"]))
+    generations = tuple(decode_generation(g, i) for i, g in enumerate(state["generations"]))
     streams = tuple(_decode_stream(e, i, index) for i, e in enumerate(state["streams"]))
     return Decoded(generations, streams)
 
 
-def _decode_generation(entry: object, number: int) -> Generation:
+def decode_generation(entry: object, number: int) -> Generation:
     key = f"generations[{number}]"
     if not (
         isinstance(entry, list)
@@ -304,6 +307,12 @@ def check_shape(state: object) -> None:
         raise InvalidStateError(
             f"unknown state version {version!r}: this library reads version {STATE_VERSION}"
         )
+    if "_mixture" in state:
+        sources = list(state["sources"]) if isinstance(state.get("sources"), dict) else "?"
+        raise InvalidStateError(
+            f"this state was saved by a mixture of sources {sources}; load it into a dataset "
+            f"built from them (path as a mapping of source names to paths, with weights=)"
+        )
     for key, kind in _KEY_TYPES.items():
         if key not in state:
             raise InvalidStateError(f"state has no key {key!r}; was it saved by this library?")
@@ -316,7 +325,7 @@ def check_shape(state: object) -> None:
             raise InvalidStateError(f"state key {key!r} must be >= 0, got {value}")
     _check_nested(state)
     for number, generation in enumerate(state["generations"]):
-        _decode_generation(generation, number)
+        decode_generation(generation, number)
     for number, entry in enumerate(state["streams"]):
         if entry is not None and not _is_stream(entry):
             raise _bad_stream(entry, number)

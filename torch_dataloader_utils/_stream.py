@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -28,9 +28,18 @@ from ._plan import Pieces
 from ._prefetch import prefetch
 from ._remote import WINDOW, Group, Key, PieceReads, ReadAhead, RemoteObject, plan_groups
 from ._storage import Storage
+from ._tokens import TokenPacking, pack_tokens
 from ._window import Rows, Window
 
-__all__ = ["Chunk", "Position", "Run", "StreamSource", "read_stream", "stream_chunks"]
+__all__ = [
+    "Chunk",
+    "ChunkSource",
+    "Position",
+    "Run",
+    "SourceFiles",
+    "StreamSource",
+    "read_stream",
+]
 
 Position = int
 # Rows of a stream: decoded, or gathered from a shuffle window and not yet cut into columns.
@@ -47,6 +56,27 @@ _MAX_READ_ROWS = 65_536
 _MIN_LANE_BYTES = 2**20
 # Rows gathered from a shuffle window at a time (at least a batch).
 _GATHER_ROWS = 16_384
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceFiles:
+    """How to read one dataset's files: where they are, their format, the columns read, and
+    the shuffle's memory budget per stream."""
+
+    storage: Storage
+    fmt: FileFormat
+    columns: tuple[str, ...] | None
+    memory_bytes: int
+
+    def stream(self, order: StreamOrder) -> StreamSource:
+        """The stream of ``order`` over these files."""
+        return StreamSource(
+            order=order,
+            storage=self.storage,
+            fmt=self.fmt,
+            columns=self.columns,
+            memory_bytes=self.memory_bytes,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,8 +97,52 @@ class StreamSource:
     def total(self) -> int:
         return self.order.total
 
+    @property
+    def schema(self) -> pa.Schema:
+        return self.index.schema
+
+    @property
+    def decodes_into_new_memory(self) -> bool:
+        return self.fmt.decodes_into_new_memory
+
     def describe_at(self, position: Position) -> str:
         return self.order.describe_at(position)
+
+    def chunks(
+        self, start: Position, min_rows: int, read_ahead: int = 0, *, rows: bool = False
+    ) -> Iterator[tuple[Chunk, int]]:
+        """Decoded chunks of at least ``min_rows`` rows from ``start``, each with the position
+        after its last row; with ``read_ahead`` > 0 decoded ahead in a thread (shuffled: the
+        next window read while this one is handed out). Record batches; with ``rows``,
+        shuffled rows as ``Rows``, for a caller that copies them anyway."""
+        chunks = _chunks(self, start, self.read_rows(min_rows), read_ahead)
+        if read_ahead and self.order.shuffled is None:
+            chunks = prefetch(chunks, read_ahead)
+        return chunks if rows else _batches(chunks)
+
+    def packed(
+        self,
+        packing: TokenPacking,
+        *,
+        start: Position,
+        batch_size: int,
+        drop_last: bool,
+        skips: Mapping[int, int],
+        read_ahead: int = 0,
+        position_ids: object = None,
+    ) -> Iterator[tuple[dict[str, Any], Position]]:
+        """Packed batches of the stream from ``start`` (``_tokens.pack_tokens``); ``skips``:
+        tokens of rows of the share an earlier iteration delivered."""
+        return pack_tokens(
+            self.chunks(start, 1, read_ahead),
+            packing=packing,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            skips=skips,
+            end=self.total,
+            describe=self.describe_at,
+            position_ids=position_ids,
+        )
 
     def older(self, stream: int) -> StreamSource:
         """Stream ``stream`` of the previous deal, whose rest this stream was dealt."""
@@ -84,8 +158,41 @@ class StreamSource:
         return int(np.clip(self.memory_bytes // 8, _MIN_LANE_BYTES, WINDOW))
 
 
+class ChunkSource(Protocol):
+    """What a stream reader reads: one dataset's stream, or a mixture's."""
+
+    @property
+    def schema(self) -> pa.Schema: ...
+
+    @property
+    def decodes_into_new_memory(self) -> bool: ...
+
+    @property
+    def total(self) -> int: ...
+
+    def describe_at(self, position: Position) -> str: ...
+
+    def read_rows(self, batch_size: int) -> int: ...
+
+    def chunks(
+        self, start: Position, min_rows: int, read_ahead: int = 0, *, rows: bool = False
+    ) -> Iterator[tuple[Chunk, int]]: ...
+
+    def packed(
+        self,
+        packing: TokenPacking,
+        *,
+        start: Position,
+        batch_size: int,
+        drop_last: bool,
+        skips: Mapping[int, int],
+        read_ahead: int = 0,
+        position_ids: object = None,
+    ) -> Iterator[tuple[dict[str, Any], Position]]: ...
+
+
 def read_stream(
-    source: StreamSource,
+    source: ChunkSource,
     *,
     start: Position,
     batch_size: int,
@@ -101,11 +208,7 @@ def read_stream(
     of the stream, so a checkpoint after it records the dropped rows as consumed. With
     ``rows``, shuffled rows come as ``Rows``, for a caller that copies them anyway.
     """
-    chunks: Iterator[tuple[Chunk, int]]
-    if rows:
-        chunks = _stream_chunks(source, start, batch_size, read_ahead)
-    else:
-        chunks = stream_chunks(source, start=start, min_rows=batch_size, read_ahead=read_ahead)
+    chunks = source.chunks(start, batch_size, read_ahead, rows=rows)
     end = source.total
     last_full = start + (end - start) // batch_size * batch_size
     return _runs(
@@ -117,28 +220,13 @@ def read_stream(
     )
 
 
-def stream_chunks(
-    source: StreamSource, *, start: Position, min_rows: int, read_ahead: int = 0
-) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """Decoded chunks of at least ``min_rows`` rows from ``start``, each with the position
-    after its last row; with ``read_ahead`` > 0 decoded ahead in a thread (shuffled: the next
-    window read while this one is handed out)."""
-    chunks = _stream_chunks(source, start, min_rows, read_ahead)
+def _batches(chunks: Iterator[tuple[Chunk, int]]) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """``chunks`` with ``Rows`` cut into record batches."""
     try:
         for chunk, position in chunks:
             yield (chunk.batch() if isinstance(chunk, Rows) else chunk), position
     finally:
         chunks.close()  # type: ignore[attr-defined]
-
-
-def _stream_chunks(
-    source: StreamSource, start: Position, min_rows: int, read_ahead: int
-) -> Iterator[tuple[Chunk, int]]:
-    """``stream_chunks``, shuffled rows as ``Rows``."""
-    chunks = _chunks(source, start, source.read_rows(min_rows), read_ahead)
-    if read_ahead and source.order.shuffled is None:
-        return prefetch(chunks, read_ahead)
-    return chunks
 
 
 def _chunks(

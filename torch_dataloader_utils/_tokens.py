@@ -25,7 +25,15 @@ import pyarrow.types as pat
 from ._args import optional_whole, whole
 from ._errors import DataSourceError, InvalidStateError
 
-__all__ = ["TokenPacking", "TokenPosition", "pack_tokens", "positions_from_bounds"]
+__all__ = [
+    "Pending",
+    "TokenPacking",
+    "TokenPosition",
+    "documents",
+    "pack_tokens",
+    "packed_batch",
+    "positions_from_bounds",
+]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -108,7 +116,7 @@ class TokenPacking:
 
 
 @dataclass
-class _Pending:
+class Pending:
     """Tokens read but not yet in a batch (the chunks' arrays, not joined: a batch is a view
     of one unless it spans two), and the documents they come from (one entry per row, empty
     ones too): its stream row, its first token, the tokens skipped before."""
@@ -187,19 +195,19 @@ def pack_tokens(
     ``describe(position)`` names the split of a position, for errors.
     """
     need, seq_len = batch_size * packing.seq_len, packing.seq_len
-    pending: _Pending | None = None
+    pending: Pending | None = None
     held: tuple[dict[str, Any], TokenPosition] | None = None
     for chunk, after in chunks:
         first = after - chunk.num_rows
-        tokens, rows, starts, skipped = _documents(chunk, packing, first, skips, describe)
+        tokens, rows, starts, skipped = documents(chunk, packing, first, skips, describe)
         if pending is None:
-            pending = _Pending([], rows[:0], starts[:0], skipped[:0])
+            pending = Pending([], rows[:0], starts[:0], skipped[:0])
         pending.extend(tokens, rows, starts, skipped)
         whole = pending.size // need * need
         for lo in range(0, whole, need):
             if held is not None:
                 yield held
-            batch = _batch(
+            batch = packed_batch(
                 pending.tokens(lo, need), pending.starts_within(lo, need), seq_len, position_ids
             )
             held = batch, pending.position_after(lo + need)
@@ -213,10 +221,10 @@ def pack_tokens(
         tokens = np.full(-(-rest // seq_len) * seq_len, packing.pad_id, real.dtype)
         tokens[:rest] = real
         starts = np.append(pending.starts_within(0, rest), rest)  # the padding: a part of its own
-        yield _batch(tokens, starts, seq_len, position_ids, real=rest), TokenPosition(end)
+        yield packed_batch(tokens, starts, seq_len, position_ids, real=rest), TokenPosition(end)
 
 
-def _documents(
+def documents(
     chunk: pa.RecordBatch,
     packing: TokenPacking,
     first: int,
@@ -261,7 +269,7 @@ def _documents(
     return values, rows, starts, skipped
 
 
-def _batch(
+def packed_batch(
     tokens: npt.NDArray[Any],
     starts: IntArray,
     seq_len: int,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch.distributed
 from _harness import make_loader
 
 from torch_dataloader_utils import StructuredDataLoader, TokenPacking
@@ -61,6 +62,10 @@ def run_job(run_case: Callable[[dict[str, Any], dict[str, Any], int], None]) -> 
         if rank == 0:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
+    # Gloo's threads outlive a process group left undestroyed and now and then abort the
+    # interpreter's exit ("terminate called without an active exception", pytorch#190489)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------- the tests' side

@@ -80,6 +80,7 @@ def main(job_path: str) -> None:
         if fabric.global_rank == 0:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)  # torchrun terminates the surviving processes
+    torch.distributed.destroy_process_group()  # else gloo may abort the exit (pytorch#190489)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from .._dataset import StructuredDataset
 from .._epoch import Epochs, Start
 from .._plan import EpochPlan
 from ._args import add_settings
+from ._files import BadInput
+from ._mix_plan import mixture_plan
 from ._output import EXIT_OK, Report, emit, size, table
 from ._resume import epochs_of, paths
 
@@ -24,17 +26,32 @@ __all__ = ["add_plan", "plan"]
 
 
 def add_plan(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", nargs="+", metavar="PATH", help="directory, prefix, glob, file")
+    parser.add_argument("path", nargs="*", metavar="PATH", help="directory, prefix, glob, file")
     add_settings(parser, plan=True)
     parser.add_argument("--columns", help="comma-separated projection, e.g. id,x")
     parser.add_argument("--epoch", type=int, default=0, help="the epoch to plan (default 0)")
     parser.add_argument("--batch-size", type=int, default=1024, help="for batches per stream")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    mixture = parser.add_argument_group("a mixture (instead of PATH)")
+    mixture.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
+                         help="a source of the mixture, repeatable")  # fmt: skip
+    mixture.add_argument("--weight", action="append", default=[], metavar="NAME=N",
+                         help="its integer weight, one per source")  # fmt: skip
+    mixture.add_argument("--epoch-size", type=int, metavar="N", help="rows of a mixture epoch")
+    mixture.add_argument("--step", type=int, metavar="K",
+                         help="list what batch K of the epoch (of --rank) reads")  # fmt: skip
+    mixture.add_argument("--rank", type=int, metavar="R", help="the rank of --step (default 0)")
     parser.set_defaults(run=plan)
 
 
 def plan(args: argparse.Namespace) -> int:
     """files, splits, rows and bytes per rank/worker stream for given settings"""
+    if args.source:
+        if args.path:
+            raise BadInput("give PATH for one dataset, or --source/--weight for a mixture")
+        return mixture_plan(args)
+    if not args.path:
+        raise BadInput("give PATH (one dataset) or --source NAME=PATH --weight NAME=N (a mixture)")
     dataset = StructuredDataset(
         paths(args.path),
         args.format or "parquet",

@@ -91,7 +91,10 @@ def packing_of(state: Mapping[str, Any]) -> TokenPacking | None:
 
 def epochs_of(dataset: StructuredDataset) -> Epochs:
     """The dataset's pure epoch logic (plans, positions, states): the one private used here."""
-    return dataset._epochs
+    epochs = dataset._epochs
+    if not isinstance(epochs, Epochs):
+        raise BadInput("the CLI does not read mixtures yet: give one dataset's files")
+    return epochs
 
 
 def paths(given: Sequence[str]) -> str | list[str]:

@@ -1,0 +1,131 @@
+"""``Source``: one named dataset of a mixture, and the checks of a mixture's arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from ._args import optional_whole, whole
+from ._errors import SchemaMismatchError
+
+__all__ = ["Source", "SourceSpec", "check_schemas", "mixture_sources"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """A dataset of a mixture where it differs from the others: its files, and (``None``: the
+    dataset's argument) its format, storage options and split size.
+
+    ``create_dataloader({"web": Source(path="s3://web/", storage_options=...), "code":
+    "data/code/"}, weights={"web": 7, "code": 3})``; a plain path stands for ``Source(path=...)``.
+
+    A source cycles through its epochs; with ``max_epochs`` each stream reads at most that many
+    epochs of it, and then ``when_exhausted="renormalize"`` lets the other sources go on under
+    their own weights, ``"stop"`` ends the stream.
+    """
+
+    path: str | Sequence[str]
+    format: str | None = None
+    storage_options: Mapping[str, Any] | None = None
+    split_bytes: int | None = None
+    max_epochs: int | None = None
+    when_exhausted: str = "renormalize"
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A source as the dataset builds it: its name, weight and resolved arguments."""
+
+    name: str
+    weight: int
+    path: str | Sequence[str]
+    format: str
+    storage_options: Mapping[str, Any] | None
+    split_bytes: int
+    max_epochs: int | None
+    stops: bool
+
+
+def mixture_sources(
+    paths: Mapping[str, str | Sequence[str] | Source],
+    weights: Mapping[str, int] | None,
+    *,
+    format: str,
+    storage_options: Mapping[str, Any] | None,
+    split_bytes: int,
+) -> tuple[SourceSpec, ...]:
+    """The sources of ``paths``, in its order, with ``weights``: one positive int per name."""
+    if not paths:
+        raise ValueError("a mixture needs at least one source; got an empty mapping")
+    if weights is None:
+        raise TypeError(
+            f"a mixture of sources {list(paths)} needs weights=, one int per source, e.g. "
+            f"weights={{{', '.join(f'{n!r}: 1' for n in paths)}}}"
+        )
+    names = list(paths)
+    if set(weights) != set(names):
+        raise ValueError(
+            f"weights name sources {sorted(weights)}, but the mixture has sources {names}: "
+            f"give one weight per source (missing {sorted(set(names) - set(weights))}, "
+            f"unknown {sorted(set(weights) - set(names))})"
+        )
+    specs = []
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"source names must be non-empty strings, got {name!r}")
+        given = paths[name]
+        source = given if isinstance(given, Source) else Source(path=given)
+        specs.append(
+            SourceSpec(
+                name=name,
+                weight=whole(f"weights[{name!r}]", weights[name], at_least=1),
+                path=source.path,
+                format=format if source.format is None else source.format,
+                storage_options=(
+                    storage_options if source.storage_options is None else source.storage_options
+                ),
+                split_bytes=split_bytes
+                if source.split_bytes is None
+                else whole(f"split_bytes of source {name!r}", source.split_bytes, at_least=1),
+                max_epochs=optional_whole(
+                    f"max_epochs of source {name!r}", source.max_epochs, at_least=1
+                ),
+                stops=_stops(name, source.when_exhausted),
+            )
+        )
+    return tuple(specs)
+
+
+def _stops(name: str, policy: object) -> bool:
+    if policy not in _POLICIES:
+        raise ValueError(
+            f"when_exhausted of source {name!r} must be one of {list(_POLICIES)}, got {policy!r}"
+        )
+    return policy == "stop"
+
+
+_POLICIES = ("renormalize", "stop")
+
+
+def check_schemas(names: Sequence[str], schemas: Sequence[pa.Schema]) -> None:
+    """Every source reads the same columns with the same types, or an error naming both."""
+    first, reference = names[0], schemas[0]
+    for name, schema in zip(names[1:], schemas[1:], strict=True):
+        for field in reference:
+            other = schema.field(field.name) if field.name in schema.names else None
+            if other is None or other.type != field.type:
+                found = "no such column" if other is None else f"type {other.type}"
+                raise SchemaMismatchError(
+                    f"sources {first!r} and {name!r} differ in column {field.name!r}: "
+                    f"{field.type} in {first!r}, {found} in {name!r}; pass columns= to read "
+                    f"the columns they share"
+                )
+        extra = [n for n in schema.names if n not in reference.names]
+        if extra:
+            raise SchemaMismatchError(
+                f"sources {first!r} and {name!r} differ in column {extra[0]!r}: present in "
+                f"{name!r}, not in {first!r}; pass columns= to read the columns they share"
+            )
