@@ -55,6 +55,8 @@ import pyarrow.types as pat
 import torch
 from torch.utils.dlpack import from_dlpack
 
+from ._window import Rows
+
 __all__ = [
     "OUTPUTS",
     "JaggedArray",
@@ -119,11 +121,12 @@ def is_jagged(value: object) -> bool:
     return isinstance(value, torch.Tensor) and value.layout == torch.jagged
 
 
-def convert(batch: pa.RecordBatch, output: str, *, copy: bool, nested: bool = True) -> Any:
+def convert(batch: pa.RecordBatch | Rows, output: str, *, copy: bool, nested: bool = True) -> Any:
     """``batch`` as ``output``; ``copy`` when Arrow's buffers must not back writable tensors;
-    ``nested=False``: torch list columns as ``JaggedTensorParts``."""
+    ``nested=False``: torch list columns as ``JaggedTensorParts``. ``Rows`` keep their plain
+    columns as strided views of their records, which a later copy makes contiguous."""
     if output == "arrow":
-        return batch
+        return batch.batch() if isinstance(batch, Rows) else batch
     names = batch.schema.names
     if len(set(names)) < len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
@@ -132,7 +135,9 @@ def convert(batch: pa.RecordBatch, output: str, *, copy: bool, nested: bool = Tr
             f"entry per name: rename them in the data, leave them out with columns=, or read with "
             f"output='arrow'"
         )
-    columns = zip(names, _columns(batch), strict=True)
+    columns = zip(
+        names, batch.columns() if isinstance(batch, Rows) else _columns(batch), strict=True
+    )
     if output == "numpy":
         return {name: _array(column, name) for name, column in columns}
     return {name: _tensor(column, name, copy, nested) for name, column in columns}
@@ -190,7 +195,9 @@ def _fixed_bytes(kind: pa.DataType) -> int:
     return 0
 
 
-def _tensor(array: pa.Array, name: str, copy: bool, nested: bool = True) -> Any:
+def _tensor(array: pa.Array | np.ndarray, name: str, copy: bool, nested: bool = True) -> Any:
+    if isinstance(array, np.ndarray):  # a plain column of gathered rows
+        return torch.from_numpy(array)
     array = _decoded(array)
     parts = _list_parts(array, name)
     if parts is not None:
@@ -211,7 +218,9 @@ def _tensor(array: pa.Array, name: str, copy: bool, nested: bool = True) -> Any:
     return tensor.clone() if copy else tensor
 
 
-def _array(array: pa.Array, name: str) -> Any:
+def _array(array: pa.Array | np.ndarray, name: str) -> Any:
+    if isinstance(array, np.ndarray):  # a plain column of gathered rows
+        return array
     array = _decoded(array)
     parts = _list_parts(array, name)
     if parts is not None:

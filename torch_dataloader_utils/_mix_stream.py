@@ -61,10 +61,10 @@ class MixedSource:
         return max(batch_size, _MIX_ROWS)
 
     def chunks(
-        self, start: Position, min_rows: int, read_ahead: int = 0
+        self, start: Position, min_rows: int, read_ahead: int = 0, *, rows: bool = False
     ) -> Iterator[tuple[pa.RecordBatch, int]]:
         """Chunks of the mixed rows from ``start`` to the end of the epoch, each with the
-        position after its last row."""
+        position after its last row (record batches, also with ``rows``)."""
         progress = self.progress
         feeds = [
             _Feed(self, s, int(n), min_rows, read_ahead)

@@ -64,15 +64,9 @@ def permutation(rows: int, key: int) -> npt.NDArray[np.int64]:
 
     Four rounds of add-key, multiply by an odd constant and xor-shift permute the power of two
     ``2^k >= rows``; a value that lands past ``rows`` is permuted again until it does not
-    (cycle walking), so ``out[t] == permuted(t, rows, key)``. Evaluated ``_CHUNK`` values at a
-    time, in cache.
+    (cycle walking), so ``out[t] == permuted(t, rows, key)``.
     """
-    out = np.empty(rows, dtype=np.int64)
-    for first in range(0, rows, _CHUNK):
-        out[first : first + _CHUNK] = _walk(
-            np.arange(first, min(first + _CHUNK, rows), dtype=np.uint32), rows, key
-        )
-    return out
+    return _walk(np.arange(rows, dtype=np.uint32), rows, _round_keys(key)).astype(np.int64)
 
 
 def permuted(position: int, rows: int, key: int) -> int:
@@ -92,20 +86,27 @@ def permuted(position: int, rows: int, key: int) -> int:
             return x
 
 
-def _walk(
-    x: npt.NDArray[np.uint32], rows: int, key: int | npt.NDArray[np.uint64]
-) -> npt.NDArray[np.uint32]:
-    """The bijection keyed by ``key`` (one, or one per value) applied to ``x`` (values below
-    ``rows``) until each lands below ``rows``."""
-    if rows <= 1:
-        return x
-    bits = int(rows - 1).bit_length()
+def _round_keys(key: int | npt.NDArray[np.uint64]) -> list[npt.NDArray[np.uint32]]:
+    """What each round of the bijection keyed by ``key`` (one, or one per value) adds."""
     keys = np.asarray(key, dtype=np.uint64)
-    adds = [
+    return [
         (splitmix64(keys + np.uint64(n)) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
         for n in range(len(_MULTIPLIERS))
     ]
-    x = _rounds(x, bits, adds)
+
+
+def _walk(
+    x: npt.NDArray[np.uint32], rows: int, adds: list[npt.NDArray[np.uint32]]
+) -> npt.NDArray[np.uint32]:
+    """The bijection of round keys ``adds`` applied to ``x`` (values below ``rows``) until
+    each lands below ``rows``: ``_CHUNK`` values at a time, in cache, then the values still
+    past ``rows`` all together (walking each chunk's few stragglers alone costs more)."""
+    if rows <= 1:
+        return x
+    bits = int(rows - 1).bit_length()
+    for first in range(0, len(x), _CHUNK):
+        part = slice(first, first + _CHUNK)
+        _rounds(x[part], bits, [a if a.ndim == 0 else a[part] for a in adds])
     outside = np.flatnonzero(x >= rows)
     while len(outside):
         x[outside] = _rounds(x[outside], bits, [a if a.ndim == 0 else a[outside] for a in adds])
@@ -116,12 +117,12 @@ def _walk(
 def _rounds(
     x: npt.NDArray[np.uint32], bits: int, adds: list[npt.NDArray[np.uint32]]
 ) -> npt.NDArray[np.uint32]:
+    """The rounds of the bijection on ``bits`` bits applied to ``x`` in place (returned)."""
     mask = np.uint32((1 << bits) - 1)
     shift = np.uint32((bits + 1) // 2)
     shifted = np.empty_like(x)
     for add, multiplier in zip(adds, _MULTIPLIERS, strict=True):
-        x += add
-        x &= mask
+        x += add  # no mask before the product: its low bits depend on low bits only
         x *= np.uint32(multiplier)
         x &= mask
         np.right_shift(x, shift, out=shifted)
@@ -191,7 +192,7 @@ def _stratified(count: int, windows: int, key: int) -> IntArray:
     share evenly."""
     stratum, place = np.divmod(np.arange(count, dtype=np.int64), windows)
     keys = splitmix64(stratum.astype(np.uint64) + np.uint64(key))
-    window: IntArray = _walk(place.astype(np.uint32), windows, keys).astype(np.int64)
+    window: IntArray = _walk(place.astype(np.uint32), windows, _round_keys(keys)).astype(np.int64)
     return window
 
 

@@ -50,9 +50,10 @@ class StreamReader:
         """The stream as packets for ``StructuredDataLoader``; the last (maybe empty) ends it."""
         if self.config.transform is None and self.config.packing is None:
             batch_bytes = self.config.batch_bytes(self.source.schema)
-            runs = self._runs(run_sizes(batch_bytes, slots.slot_bytes))
-            # Tensors may view Arrow's buffers: packing copies them into the slot; list
-            # columns become nested tensors in the main process, batch by batch.
+            runs = self._runs(run_sizes(batch_bytes, slots.slot_bytes), rows=True)
+            # Tensors may view Arrow's buffers or gathered records: packing copies them into
+            # the slot (so shuffled rows are cut into columns right there); list columns
+            # become nested tensors in the main process, batch by batch.
             parts = chunk_parts(runs, lambda run: self._converted(run, False, nested=False))
         elif self.config.transform is None:  # packed: position_ids made in the main process
             packed = self._packed(0, position_ids=Derived(_position_ids))
@@ -84,7 +85,7 @@ class StreamReader:
             else:
                 yield arrays, position
 
-    def _runs(self, sizes: Iterable[int], read_ahead: int = 0) -> Iterator[Run]:
+    def _runs(self, sizes: Iterable[int], read_ahead: int = 0, rows: bool = False) -> Iterator[Run]:
         return read_stream(
             self.source,
             start=self.start,
@@ -92,6 +93,7 @@ class StreamReader:
             drop_last=self.config.drop_last,
             run_sizes=sizes,
             read_ahead=read_ahead,
+            rows=rows,
         )
 
     def _converted(self, run: Run, copy: bool, *, nested: bool = True) -> list[Any]:

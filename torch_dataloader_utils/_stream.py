@@ -14,12 +14,11 @@ import bisect
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.types as pat
 
 from ._errors import DataSourceError
 from ._formats import FileFormat
@@ -30,10 +29,21 @@ from ._prefetch import prefetch
 from ._remote import WINDOW, Group, Key, PieceReads, ReadAhead, RemoteObject, plan_groups
 from ._storage import Storage
 from ._tokens import TokenPacking, pack_tokens
+from ._window import Rows, Window
 
-__all__ = ["ChunkSource", "Position", "Run", "SourceFiles", "StreamSource", "read_stream"]
+__all__ = [
+    "Chunk",
+    "ChunkSource",
+    "Position",
+    "Run",
+    "SourceFiles",
+    "StreamSource",
+    "read_stream",
+]
 
 Position = int
+# Rows of a stream: decoded, or gathered from a shuffle window and not yet cut into columns.
+Chunk: TypeAlias = "pa.RecordBatch | Rows"
 
 # Rows per decoded chunk, at least this many whatever the row width.
 _MIN_CHUNK_ROWS = 256
@@ -99,15 +109,16 @@ class StreamSource:
         return self.order.describe_at(position)
 
     def chunks(
-        self, start: Position, min_rows: int, read_ahead: int = 0
-    ) -> Iterator[tuple[pa.RecordBatch, int]]:
+        self, start: Position, min_rows: int, read_ahead: int = 0, *, rows: bool = False
+    ) -> Iterator[tuple[Chunk, int]]:
         """Decoded chunks of at least ``min_rows`` rows from ``start``, each with the position
         after its last row; with ``read_ahead`` > 0 decoded ahead in a thread (shuffled: the
-        next window read while this one is handed out)."""
+        next window read while this one is handed out). Record batches; with ``rows``,
+        shuffled rows as ``Rows``, for a caller that copies them anyway."""
         chunks = _chunks(self, start, self.read_rows(min_rows), read_ahead)
         if read_ahead and self.order.shuffled is None:
-            return prefetch(chunks, read_ahead)
-        return chunks
+            chunks = prefetch(chunks, read_ahead)
+        return chunks if rows else _batches(chunks)
 
     def packed(
         self,
@@ -164,8 +175,8 @@ class ChunkSource(Protocol):
     def read_rows(self, batch_size: int) -> int: ...
 
     def chunks(
-        self, start: Position, min_rows: int, read_ahead: int = 0
-    ) -> Iterator[tuple[pa.RecordBatch, int]]: ...
+        self, start: Position, min_rows: int, read_ahead: int = 0, *, rows: bool = False
+    ) -> Iterator[tuple[Chunk, int]]: ...
 
     def packed(
         self,
@@ -188,14 +199,16 @@ def read_stream(
     drop_last: bool,
     run_sizes: Iterable[int] = itertools.repeat(1),
     read_ahead: int = 0,
+    rows: bool = False,
 ) -> Iterator[Run]:
     """Runs of batches of exactly ``batch_size`` rows (the last may be short) from ``start``.
 
     Run ``i`` holds ``run_sizes[i]`` batches. With ``read_ahead`` > 0 a background thread
     decodes that many chunks ahead. With ``drop_last`` the last full batch stands for the end
-    of the stream, so a checkpoint after it records the dropped rows as consumed.
+    of the stream, so a checkpoint after it records the dropped rows as consumed. With
+    ``rows``, shuffled rows come as ``Rows``, for a caller that copies them anyway.
     """
-    chunks = source.chunks(start, batch_size, read_ahead)
+    chunks = source.chunks(start, batch_size, read_ahead, rows=rows)
     end = source.total
     last_full = start + (end - start) // batch_size * batch_size
     return _runs(
@@ -207,9 +220,18 @@ def read_stream(
     )
 
 
+def _batches(chunks: Iterator[tuple[Chunk, int]]) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """``chunks`` with ``Rows`` cut into record batches."""
+    try:
+        for chunk, position in chunks:
+            yield (chunk.batch() if isinstance(chunk, Rows) else chunk), position
+    finally:
+        chunks.close()  # type: ignore[attr-defined]
+
+
 def _chunks(
     source: StreamSource, start: Position, read_rows: int, read_ahead: int
-) -> Iterator[tuple[pa.RecordBatch, int]]:
+) -> Iterator[tuple[Chunk, int]]:
     """Decoded chunks of the stream from ``start``, each with the position after its last row."""
     if source.order.plan.previous is not None:
         return _rest_chunks(source, start, read_rows, read_ahead)
@@ -220,7 +242,7 @@ def _chunks(
 
 def _ordered_chunks(
     source: StreamSource, start: Position, read_rows: int
-) -> Iterator[tuple[pa.RecordBatch, int]]:
+) -> Iterator[tuple[Chunk, int]]:
     """The share's pieces front to back from ``start``."""
     pieces = source.order.pieces
     first = int(np.searchsorted(pieces.ends, start, side="right"))
@@ -240,7 +262,7 @@ def _ordered_chunks(
 
 def _rest_chunks(
     source: StreamSource, start: Position, read_rows: int, read_ahead: int
-) -> Iterator[tuple[pa.RecordBatch, int]]:
+) -> Iterator[tuple[Chunk, int]]:
     """A later deal's share: the rests of old streams, each read in its old order."""
     pieces = source.order.pieces
     first = int(np.searchsorted(pieces.ends, start, side="right"))
@@ -261,30 +283,29 @@ def _rest_chunks(
 
 def _shuffled_chunks(
     source: StreamSource, order: ShuffledShare, start: Position, read_ahead: int
-) -> Iterator[tuple[pa.RecordBatch, int]]:
+) -> Iterator[tuple[Chunk, int]]:
     """A shuffled share from ``start``: each window read whole, then handed out in its keyed
     permutation; with ``read_ahead`` the next window is read in a thread meanwhile."""
     first = order.window_at(start)
-    windows: Iterator[tuple[pa.RecordBatch, int, int]] = (
+    windows: Iterator[tuple[Window, npt.NDArray[np.int64], int]] = (
         _read_window(source, order, number) for number in range(first, len(order.ends))
     )
     if read_ahead:
         windows = prefetch(windows, 1)
     try:
-        for data, begin, key in windows:
+        for data, index, begin in windows:
             rows = data.num_rows
-            index = permutation(rows, key)
             for lo in range(max(0, start - begin), rows, _GATHER_ROWS):
                 hi = min(lo + _GATHER_ROWS, rows)
-                yield _gather(data, index[lo:hi]), begin + hi
+                yield data.take(index[lo:hi]), begin + hi
     finally:
         windows.close()  # type: ignore[attr-defined]
 
 
 def _read_window(
     source: StreamSource, order: ShuffledShare, number: int
-) -> tuple[pa.RecordBatch, int, int]:
-    """Window ``number``'s rows in storage order, its first stream row and its key.
+) -> tuple[Window, npt.NDArray[np.int64], int]:
+    """Window ``number``'s rows in storage order, its permutation and its first stream row.
 
     Blocks of one unit (slices of a long row group) and adjacent blocks are read as one run,
     so a window decodes each unit at most once; the rows between its blocks are dropped.
@@ -292,20 +313,29 @@ def _read_window(
     blocks, begin, key = order.window(number)
     runs, run_of = _runs_of(blocks, source.index.unit_starts)
     opener = _Opener(source, runs, 0, 0)
-    schema = source.index.schema
     parts: list[pa.RecordBatch] = []
     lane_bytes = source.lane_bytes()
     for run in range(len(runs)):
         read = _piece_read(source, runs, run, 0)
         handle = opener.open(read, lane_bytes)
         rows = int(runs.rows[run])
-        chunks = [_conform(c, schema) for c, _ in _piece_chunks(source, read, handle, rows)]
-        whole = chunks[0] if len(chunks) == 1 else pa.concat_batches(chunks)
+        chunks = [_conform(c) for c, _ in _piece_chunks(source, read, handle, rows)]
         start = int(runs.lo[run])
         for block in np.flatnonzero(run_of == run).tolist():
-            lo, hi = int(blocks.lo[block]), int(blocks.hi[block])
-            parts.append(whole.slice(lo - start, hi - lo))
-    return pa.concat_batches(parts), begin, key
+            parts += _sliced(chunks, int(blocks.lo[block]) - start, int(blocks.hi[block]) - start)
+    window = Window(parts)
+    return window, permutation(window.num_rows, key), begin
+
+
+def _sliced(chunks: list[pa.RecordBatch], lo: int, hi: int) -> list[pa.RecordBatch]:
+    """Rows ``[lo, hi)`` of ``chunks`` laid end to end, as slices of them (no copy)."""
+    out, first = [], 0
+    for chunk in chunks:
+        a, b = max(lo - first, 0), min(hi - first, chunk.num_rows)
+        if a < b:
+            out.append(chunk.slice(a, b - a))
+        first += chunk.num_rows
+    return out
 
 
 def _runs_of(
@@ -450,22 +480,7 @@ def _piece_chunks(
         )
 
 
-def _gather(batch: pa.RecordBatch, index: npt.NDArray[np.int64]) -> pa.RecordBatch:
-    """``batch.take(index)``; numpy's gather for plain numeric columns, twice as fast (and
-    wrapped as Arrow without ``pa.array``, whose numpy path imports pandas: seconds, once
-    per worker)."""
-    columns = []
-    for column in batch.columns:
-        if column.null_count == 0 and (pat.is_integer(column.type) or pat.is_floating(column.type)):
-            values = column.to_numpy()[index]
-            buffers = [None, pa.py_buffer(values)]
-            columns.append(pa.Array.from_buffers(column.type, len(values), buffers))
-        else:
-            columns.append(column.take(index))
-    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
-
-
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` with the dataset's schema (files may differ in schema metadata only)."""
     return batch if batch.schema.metadata is None else batch.replace_schema_metadata(None)
 
@@ -488,17 +503,18 @@ class Run:
     ``positions[i]`` is the stream position after batch ``i``.
     """
 
-    chunks: list[pa.RecordBatch] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     positions: list[Position] = field(default_factory=list)
 
     def batch(self) -> pa.RecordBatch:
-        """All rows as one record batch (copies only when they span chunks)."""
-        return self.chunks[0] if len(self.chunks) == 1 else pa.concat_batches(self.chunks)
+        """All rows as one record batch (copies only when they span chunks, or are ``Rows``)."""
+        batches = [c.batch() if isinstance(c, Rows) else c for c in self.chunks]
+        return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
 def _runs(
-    chunks: Iterator[tuple[pa.RecordBatch, int]],
+    chunks: Iterator[tuple[Chunk, int]],
     *,
     batch_size: int,
     drop_last: bool,
@@ -541,7 +557,7 @@ def _runs(
         yield run
 
 
-def _head(chunks: list[pa.RecordBatch], rows: int) -> list[pa.RecordBatch]:
+def _head(chunks: list[Chunk], rows: int) -> list[Chunk]:
     kept = []
     for chunk in chunks:
         if rows <= 0:
