@@ -55,6 +55,7 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_index_cache.py --plot bench_output/index_cache.png
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_shuffle.py --plot bench_output/shuffle.png
 	$(PY) benchmarks/bench_tokens.py --plot bench_output/tokens.png
+	$(PY) benchmarks/bench_mixing.py --json bench_output/mixing.json
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_stall.py --plot bench_output/stall.png
 
 DOCS_STAMP := $(VENV)/.installed-docs
