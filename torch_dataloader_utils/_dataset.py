@@ -30,7 +30,8 @@ from ._mix_epochs import (
     Timeline,
     source_seed,
 )
-from ._mix_state import encode_mixture, load_mixture, load_mixture_elastic
+from ._mix_resume import load_mixture, load_mixture_elastic
+from ._mix_state import encode_mixture
 from ._mix_stream import MixedSource
 from ._mixture import Source, check_schemas, mixture_sources
 from ._reader import StreamReader
