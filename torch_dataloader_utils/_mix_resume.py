@@ -16,7 +16,7 @@ from ._log import log
 from ._mix_epochs import MixedEpochs, MixedProgress, MixPosition, Segment, SourceRest, Timeline
 from ._mix_state import check_shape, checked_rows, stored_rests, stored_timeline
 from ._plan import Deal, Generation, IntArray, Pieces
-from ._state import check_coverage, check_same_epoch, check_setting
+from ._state import check_setting, one_job
 
 __all__ = ["load_mixture", "load_mixture_elastic"]
 
@@ -129,27 +129,9 @@ def _load(
 def _load_elastic(
     mix: MixedEpochs, states: Sequence[Mapping[str, Any]], num_workers: int
 ) -> tuple[Start, MixedEpochs]:
-    if not states:
-        raise InvalidStateError("no states given: pass one state per rank of the old job")
-    for state in states:
-        check_shape(state)
-    check_coverage(states)
-    check_same_epoch(states)
-    ordered = sorted(states, key=lambda state: state["_rank"])
+    ordered = one_job(states, check_shape, ("_num_workers", "_even_batches", "_mixture"), _job_part)
     first = ordered[0]
     where = f"mixture {list(first['sources'])}"
-    for state in ordered[1:]:
-        for key in ("_num_workers", "_even_batches", "_mixture"):
-            if (state[key] if key != "_mixture" else _job_part(state)) != (
-                first[key] if key != "_mixture" else _job_part(first)
-            ):
-                raise CheckpointMismatchError(
-                    f"the states of ranks {first['_rank']} and {state['_rank']} differ in "
-                    f"{key.lstrip('_')}: they are not of one job and step."
-                    f"\nLikely cause: states from different jobs: checkpoint={first[key]!r:.80}, "
-                    f"current={state[key]!r:.80}",
-                    split=where, field=key.lstrip("_"),
-                )  # fmt: skip
     stored = stored_timeline(first)
     if _described(stored) != _described(mix.timeline) or stored.policies:
         raise CheckpointMismatchError(
@@ -217,8 +199,10 @@ def _load_elastic(
     return start, mix.following(replace(mix.timeline, segment=segment), new_rests)
 
 
-def _job_part(state: Mapping[str, Any]) -> Any:
-    """What the states of one job share in their mixture (not each rank's segment)."""
+def _job_part(state: Mapping[str, Any], key: str) -> Any:
+    """What the states of one job share: ``key``, of the mixture all but each rank's segment."""
+    if key != "_mixture":
+        return state[key]
     return {k: v for k, v in state["_mixture"].items() if k != "segment"}
 
 

@@ -36,7 +36,7 @@ import binascii
 import functools
 import itertools
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,7 @@ __all__ = [
     "encode_stream",
     "merge_states",
     "misplaced",
+    "one_job",
     "stored_split",
 ]
 
@@ -552,30 +553,46 @@ def check_same_epoch(states: Sequence[Mapping[str, Any]]) -> None:
         )  # fmt: skip
 
 
+def one_job(
+    states: Sequence[Mapping[str, Any]],
+    check: Callable[[Mapping[str, Any]], None],
+    shared: Sequence[str],
+    part: Callable[[Mapping[str, Any], str], Any] = lambda state, key: state[key],
+) -> list[Mapping[str, Any]]:
+    """The states of an old job, by rank: each well-formed (``check``), one per rank, of one
+    epoch, and equal in their ``shared`` keys (``part(state, key)`` of them)."""
+    if not states:
+        raise InvalidStateError("no states given: pass one state per rank of the old job")
+    for state in states:
+        check(state)
+    check_coverage(states)
+    check_same_epoch(states)
+    ordered = sorted(states, key=lambda state: state["_rank"])
+    first = ordered[0]
+    for state in ordered[1:]:
+        for key in shared:
+            mine, theirs = part(first, key), part(state, key)
+            if mine != theirs:
+                raise CheckpointMismatchError(
+                    f"the states of ranks {first['_rank']} and {state['_rank']} differ in "
+                    f"{key.lstrip('_')}: they are not of one job and step."
+                    f"\nLikely cause: states from different jobs: checkpoint={mine!r:.80}, "
+                    f"current={theirs!r:.80}",
+                    split=stored_split(state), field=key.lstrip("_"), expected=mine,
+                    found=theirs,
+                )  # fmt: skip
+    return ordered
+
+
 def merge_states(
     states: Sequence[Mapping[str, Any]], *, index: DatasetIndex, settings: Settings
 ) -> tuple[Mapping[str, Any], Decoded]:
     """The old job's states as one: its first state (epoch and settings) and every stream of
     every rank, in stream order; one state per old rank, same epoch, same deals before."""
-    if not states:
-        raise InvalidStateError("no states given: pass one state per rank of the old job")
-    for state in states:
-        check_shape(state)
-    check_coverage(states)
-    check_same_epoch(states)
-    first = min(states, key=lambda s: s["_rank"])
+    ordered = one_job(states, check_shape, ("_num_workers", "_even_batches", "generations"))
+    first = ordered[0]
     streams: list[StreamEntry | None] = []
-    for state in sorted(states, key=lambda s: s["_rank"]):
-        for name in ("_num_workers", "_even_batches", "generations"):
-            if state[name] != first[name]:
-                raise CheckpointMismatchError(
-                    f"the states of ranks {first['_rank']} and {state['_rank']} differ in "
-                    f"{name.lstrip('_')}: they are not of one job and step."
-                    f"\nLikely cause: states from different jobs: checkpoint="
-                    f"{first[name]!r:.80}, current={state[name]!r:.80}",
-                    split=stored_split(state), field=name.lstrip("_"), expected=first[name],
-                    found=state[name],
-                )  # fmt: skip
+    for state in ordered:
         decoded = decode(state, index=index, settings=settings, elastic=True)
         if len(decoded.streams) != max(1, state["_num_workers"]):
             raise InvalidStateError(
