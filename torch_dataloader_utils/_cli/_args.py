@@ -11,7 +11,7 @@ from typing import Any
 from .._secrets import secret_values
 from ._files import BadInput
 
-__all__ = ["add_settings", "byte_size", "storage_options"]
+__all__ = ["add_settings", "byte_size", "planned_settings", "storage_options"]
 
 
 def add_settings(parser: argparse.ArgumentParser, *, plan: bool) -> None:
@@ -41,6 +41,25 @@ def add_settings(parser: argparse.ArgumentParser, *, plan: bool) -> None:
         action=argparse.BooleanOptionalAction,
         help=f"even out ranks (default: on when world size > 1){of}",
     )
+
+
+def planned_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``StructuredDataset`` arguments of ``plan``'s options, as rank 0 of the job."""
+    from .._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES
+
+    return {
+        "format": args.format or "parquet",
+        "batch_size": args.batch_size,
+        "columns": args.columns.split(",") if args.columns else None,
+        "shuffle": bool(args.shuffle),
+        "shuffle_seed": args.seed or 0,
+        "shuffle_memory_bytes": args.shuffle_memory_bytes or DEFAULT_SHUFFLE_MEMORY_BYTES,
+        "split_bytes": args.split_bytes or DEFAULT_SPLIT_BYTES,
+        "rank": 0,
+        "world_size": args.world_size or 1,
+        "storage_options": args.storage_options,
+        "even_batches": args.even_batches,
+    }
 
 
 def byte_size(text: str) -> int:

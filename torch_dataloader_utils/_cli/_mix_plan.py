@@ -14,10 +14,10 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
-from .._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES
 from .._dataset import StructuredDataset
 from .._epoch import Start
 from .._mix_epochs import MixedEpochs, MixedProgress
+from ._args import planned_settings
 from ._files import BadInput
 from ._output import EXIT_OK, Report, emit, table
 
@@ -55,20 +55,7 @@ def _mixture(args: argparse.Namespace) -> MixedEpochs:
     paths = dict(_pairs(args.source, "--source", "PATH"))
     weights = {name: _weight(value) for name, value in _pairs(args.weight, "--weight", "N")}
     dataset = StructuredDataset(
-        paths,
-        args.format or "parquet",
-        weights=weights,
-        epoch_size=args.epoch_size,
-        batch_size=args.batch_size,
-        columns=args.columns.split(",") if args.columns else None,
-        shuffle=bool(args.shuffle),
-        shuffle_seed=args.seed or 0,
-        shuffle_memory_bytes=args.shuffle_memory_bytes or DEFAULT_SHUFFLE_MEMORY_BYTES,
-        split_bytes=args.split_bytes or DEFAULT_SPLIT_BYTES,
-        rank=0,
-        world_size=args.world_size or 1,
-        storage_options=args.storage_options,
-        even_batches=args.even_batches,
+        paths, weights=weights, epoch_size=args.epoch_size, **planned_settings(args)
     )
     mix = dataset._epochs
     assert isinstance(mix, MixedEpochs)

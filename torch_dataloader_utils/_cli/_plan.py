@@ -12,11 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from .._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES
 from .._dataset import StructuredDataset
 from .._epoch import Epochs, Start
 from .._plan import EpochPlan
-from ._args import add_settings
+from ._args import add_settings, planned_settings
 from ._files import BadInput
 from ._mix_plan import mixture_plan
 from ._output import EXIT_OK, Report, emit, size, table
@@ -52,20 +51,7 @@ def plan(args: argparse.Namespace) -> int:
         return mixture_plan(args)
     if not args.path:
         raise BadInput("give PATH (one dataset) or --source NAME=PATH --weight NAME=N (a mixture)")
-    dataset = StructuredDataset(
-        paths(args.path),
-        args.format or "parquet",
-        batch_size=args.batch_size,
-        columns=args.columns.split(",") if args.columns else None,
-        shuffle=bool(args.shuffle),
-        shuffle_seed=args.seed or 0,
-        shuffle_memory_bytes=args.shuffle_memory_bytes or DEFAULT_SHUFFLE_MEMORY_BYTES,
-        split_bytes=args.split_bytes or DEFAULT_SPLIT_BYTES,
-        rank=0,
-        world_size=args.world_size or 1,
-        storage_options=args.storage_options,
-        even_batches=args.even_batches,
-    )
+    dataset = StructuredDataset(paths(args.path), **planned_settings(args))
     epochs = epochs_of(dataset)
     workers = args.num_workers or 0
     dealt = epochs.plan(Start.fresh(args.epoch), workers)
