@@ -94,7 +94,9 @@ class MixedSource:
         position_ids: object = None,
     ) -> Iterator[tuple[dict[str, Any], Position]]:
         """Batches of ``batch_size`` sequences from ``start`` to the end of the epoch: each
-        source packs its own documents, and the schedule deals the sequences."""
+        source packs its own documents, and the schedule deals the sequences. ``skips`` is
+        for one dataset's stream: a mixture's packers know their own cut documents (``start``
+        and the elastic deals of ``MixedEpochs.skips``)."""
         progress, seq_len = self.progress, packing.seq_len
         assert isinstance(start, MixPosition)
         packers = []
