@@ -999,3 +999,50 @@ def test_a_corrupted_mixture_state_is_refused_by_name(
         assert str(exc).strip()
         return
     assert set(rest) <= {*range(50), *range(_SPAN, _SPAN + 30)}
+
+
+@given(
+    rows=st.lists(st.integers(200, 1000), min_size=1, max_size=3),
+    worlds=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 2)), min_size=2, max_size=4),
+    cut=st.integers(0, 6),
+    shuffle=st.booleans(),
+    epoch_size=st.integers(60, 200),
+)
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_a_chain_of_elastic_resumes_through_the_loaders(
+    tmp_path_factory: pytest.TempPathFactory,
+    rows: list[int],
+    worlds: list[tuple[int, int]],
+    cut: int,
+    shuffle: bool,
+    epoch_size: int,
+) -> None:
+    """Jobs of 1-3 ranks x 0-2 DataLoader workers, each stopped after ``cut`` batches and
+    resumed elastically by the next, the last to the end of the epoch: no row twice (the
+    sources are larger than an epoch reads), and the epoch's positions all delivered but
+    the few each evened deal leaves out."""
+    root = tmp_path_factory.mktemp("chain")
+    paths = {f"s{i}": write_source(root, f"s{i}", i, n) for i, n in enumerate(rows)}
+    kwargs = {"weights": {p: 1 + i for i, p in enumerate(paths)}, "batch_size": 4,
+              "shuffle": shuffle, "epoch_size": epoch_size}  # fmt: skip
+    seen: list[int] = []
+    states: list[Any] | None = None
+    for number, (world, workers) in enumerate(worlds):
+        last = number == len(worlds) - 1
+        saved = []
+        for rank in range(world):
+            loader, _ = StructuredDataset.create_dataloader(
+                paths, rank=rank, world_size=world, num_workers=workers, **kwargs
+            )
+            if states is not None:
+                loader.load_state_dict(states, elastic=True)
+            it = iter(loader)
+            for batch in it if last else itertools.islice(it, cut):
+                seen.extend(batch["id"].tolist())
+            saved.append(json.loads(json.dumps(loader.state_dict())))
+            del it
+        states = saved
+    assert max(Counter(seen).values(), default=1) == 1
+    assert epoch_size - len(seen) < sum(w for w, _ in worlds)  # fewer than world_size a deal
