@@ -278,9 +278,6 @@ class MixedProgress:
             self._entries[worker] = kept = (position, entries)
         return kept[1]
 
-    def left_out(self) -> int:
-        return 0  # positions carry over to the next epoch: no row of a source is left out
-
 
 @dataclass(frozen=True, kw_only=True)
 class MixedEpochs:
