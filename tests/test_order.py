@@ -60,7 +60,9 @@ def test_blocks_cover_each_piece_once_within_the_bound(units, block_rows) -> Non
     starts = [np.cumsum([0, *u[:-1]]) for u in units]
     totals = [sum(u) for u in units]
     pieces = Pieces.of([(s, 0, totals[s]) for s in range(len(units))])
-    blocks = cut_blocks(pieces, lambda s: np.asarray(starts[s], dtype=np.int64), block_rows)
+    blocks, _ = cut_blocks(
+        pieces, lambda s: np.asarray(starts[s], dtype=np.int64), block_rows, block_rows
+    )
     rows = [(int(s), r) for s, lo, hi in zip(blocks.splits, blocks.lo, blocks.hi, strict=True)
             for r in range(lo, hi)]  # fmt: skip
     assert rows == [(s, r) for s in range(len(units)) for r in range(totals[s])]

@@ -52,7 +52,7 @@ def test_state_schema_mid_epoch(parquet_dir: Path, small_split: int):
     del it
     assert set(state) == KEYS
     assert _builtin_only(state)
-    assert state["version"] == STATE_VERSION == 4
+    assert state["version"] == STATE_VERSION == 5
     assert state["_packing"] is None  # no token packing
     assert (state["epoch"], state["_num_workers"], state["_shuffle_seed"]) == (0, 2, 5)
     assert (state["_shuffle"], state["_split_bytes"]) == (True, small_split)
@@ -241,10 +241,11 @@ def _small_state(**settings: object) -> tuple[DatasetIndex, dict, Settings]:
 
 
 @pytest.mark.parametrize(
-    ("version", "why"), [(1, "row by row"), (2, "mtime or ETag"), (3, "random order")]
+    ("version", "why"),
+    [(1, "row by row"), (2, "mtime or ETag"), (3, "random order"), (4, "consecutive windows")],
 )
 def test_old_version_states_are_refused_with_what_to_do(version: int, why: str):
-    index, state, settings = _small_state()
+    index, state, settings = _small_state(shuffle=True, window_rows=40)
     state["version"] = version
     with pytest.raises(InvalidStateError) as info:
         decode(state, index=index, settings=settings)
@@ -257,6 +258,16 @@ def test_old_version_states_are_refused_with_what_to_do(version: int, why: str):
     state["version"] = 99
     with pytest.raises(InvalidStateError, match="unknown state version 99"):
         decode(state, index=index, settings=settings)
+
+
+def test_an_unshuffled_state_of_version_4_still_loads():
+    """Version 5 changed the shuffled order only: an unshuffled version-4 position means the
+    same rows, a shuffled one does not."""
+    index, state, settings = _small_state(shuffle=False)
+    state["version"] = 4
+    assert decode(state, index=index, settings=settings).streams == decode(
+        {**state, "version": STATE_VERSION}, index=index, settings=settings
+    ).streams
 
 
 def test_negative_shuffle_seed_is_accepted_other_negatives_are_not():

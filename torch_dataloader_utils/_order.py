@@ -1,12 +1,15 @@
 """Pure: the order in which a shuffled stream delivers the rows of its share.
 
 A stream's share (pieces of splits, in the epoch's split order) is cut into *blocks*: runs of
-consecutive units (row groups / record batches) of at most ``block_rows`` rows, a unit longer
-than that sliced into near-equal parts. The blocks are dealt to ``ceil(rows / window_rows)``
-*windows*, stratified: each run of as many consecutive blocks as there are windows gives every
-window one block, in a keyed random order. So each window holds blocks from all over the share
-(many splits, at random places inside them), and the windows are alike. A window's rows (its
-blocks in storage order, concatenated) are delivered in a keyed random permutation.
+consecutive small units (row groups / record batches) of about 1/64 of a window, a unit longer
+than 1/24 of a window sliced into near-equal *parts*. The blocks are dealt to ``ceil(rows /
+window_rows)`` *windows*, stratified: each run of as many consecutive units as there are
+windows gives every window the first part of one of them, in a keyed random order, and a
+unit's later parts go to the windows after that one (cyclically). So each window holds blocks
+from all over the share (many splits, at random places inside them), the windows are alike,
+and a sliced unit's parts are needed by consecutive windows, which lets the reader decode it
+once. A window's rows (its blocks in storage order, concatenated) are delivered in a keyed
+random permutation.
 
 Everything is integer arithmetic of our own (xxhash, splitmix64, a multiply-xorshift bijection),
 so every platform and numpy version computes the same order, and every worker, rank and resumed
@@ -46,6 +49,12 @@ _MIN_WINDOWS = 4
 _SPLIT_ROWS = 1 << 18
 # A unit is never sliced into parts shorter than this (slices re-decode what precedes them).
 _MIN_SLICE_ROWS = 256
+# A unit longer than 1/_MIN_PLACES of a window is sliced into parts of at most that, so a
+# window holds at least about _MIN_PLACES places of the share, however long its units. A
+# unit's parts go to consecutive windows and the reader carries the next windows' parts of
+# the units it decodes (a window's rows at most), so a unit is decoded about once: more
+# places would need more parts per unit, so more carried rows or more decoding.
+_MIN_PLACES = 24
 # The bijection's multipliers (odd) and the rows it permutes at a time (fits the L2 cache).
 _MULTIPLIERS = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F)
 _CHUNK = 1 << 15
@@ -138,18 +147,21 @@ def _splitmix64_int(value: int) -> int:
     return z ^ (z >> 31)
 
 
-def cut_blocks(pieces: Pieces, unit_starts: Callable[[int], IntArray], block_rows: int) -> Pieces:
-    """``pieces`` cut into blocks of about ``block_rows`` rows on unit boundaries.
+def cut_blocks(
+    pieces: Pieces, unit_starts: Callable[[int], IntArray], block_rows: int, part_rows: int
+) -> tuple[Pieces, IntArray]:
+    """``pieces`` cut into blocks on unit boundaries, and the part number of each block.
 
     ``unit_starts(split)``: the first row of each unit of the split, relative to the split.
-    A unit longer than ``block_rows`` is sliced into near-equal parts of at least
-    ``_MIN_SLICE_ROWS`` rows (each re-decodes the unit's rows before it, a cost the docs
-    state); the parts of a piece starting within the same ``block_rows`` of it make one block,
-    so a block holds less than ``2 * max(block_rows, _MIN_SLICE_ROWS)`` rows. Vectorised over
-    the pieces: one stream's plan costs a look-up per piece, not Python per unit.
+    Consecutive units of a piece starting within the same ``block_rows`` of it make one block
+    (less than ``2 * block_rows`` rows). A unit longer than ``part_rows`` (at least
+    ``block_rows``) is sliced into near-equal *parts* of at most ``max(part_rows,
+    _MIN_SLICE_ROWS)`` rows, each a block of its own, numbered ``0, 1, ...`` from the unit's
+    start; every other block is numbered 0. Vectorised over the pieces: one stream's plan
+    costs a look-up per piece, not Python per unit.
     """
     if not len(pieces):
-        return Pieces.empty()
+        return Pieces.empty(), np.zeros(0, dtype=np.int64)
     count = len(pieces)
     inner, owner = [], []
     for number, (split, lo, hi) in enumerate(
@@ -170,20 +182,24 @@ def cut_blocks(pieces: Pieces, unit_starts: Callable[[int], IntArray], block_row
     last = np.append(piece[1:] != piece[:-1], True)
     end[last] = pieces.hi[piece[last]]
     length = end - edge
-    parts = np.maximum(1, -(-length // max(block_rows, _MIN_SLICE_ROWS)))
+    block_rows = max(1, block_rows)
+    parts = -(-length // max(part_rows, block_rows, _MIN_SLICE_ROWS))
     which = np.repeat(np.arange(len(edge), dtype=np.int64), parts)
     nth = np.arange(len(which), dtype=np.int64) - np.repeat(np.cumsum(parts) - parts, parts)
     start = edge[which] + nth * length[which] // parts[which]
     owner_of = piece[which]
-    group = (start - pieces.lo[owner_of]) // max(1, block_rows)
+    sliced = parts[which] > 1
+    group = (start - pieces.lo[owner_of]) // block_rows
     first = np.ones(len(start), dtype=bool)
-    first[1:] = (owner_of[1:] != owner_of[:-1]) | (group[1:] != group[:-1])
+    first[1:] = (
+        (owner_of[1:] != owner_of[:-1]) | (group[1:] != group[:-1]) | sliced[1:] | sliced[:-1]
+    )
     lo = start[first]
     block_piece = owner_of[first]
     hi = np.append(lo[1:], 0)
     ends = np.append(block_piece[1:] != block_piece[:-1], True)
     hi[ends] = pieces.hi[block_piece[ends]]
-    return Pieces(pieces.splits[block_piece], lo, hi)
+    return Pieces(pieces.splits[block_piece], lo, hi), nth[first]
 
 
 def _stratified(count: int, windows: int, key: int) -> IntArray:
@@ -221,17 +237,20 @@ class ShuffledShare:
         windows = max(1, -(-total // window_rows), min(_MIN_WINDOWS, total // _SPLIT_ROWS))
         # One window: every row meets every other, blocks do not matter; else enough of them.
         block_rows = total if windows == 1 else max(1, total // windows // BLOCKS_PER_WINDOW)
-        blocks = cut_blocks(share, unit_starts, block_rows)
+        part_rows = max(1, total // windows // _MIN_PLACES)
+        blocks, part = cut_blocks(share, unit_starts, block_rows, part_rows)
+        home_of = np.cumsum(part == 0) - 1  # the block holding each block's unit's first part
+        homes = int(np.count_nonzero(part == 0))
         largest = int(blocks.rows.max()) if len(blocks) else 0
         while True:
-            window = _stratified(len(blocks), windows, key)
+            # a unit's parts go to consecutive windows, from the one its first part is dealt
+            window = (_stratified(homes, windows, key)[home_of] + part) % windows
             sizes = np.bincount(window, weights=blocks.rows, minlength=windows)
             # a window may pass its rows by less than a block (the memory bound the docs state)
             if windows >= len(blocks) or sizes.max() <= window_rows + largest:
                 break
             windows += 1
-        stratum = np.arange(len(blocks), dtype=np.int64) // windows
-        blocks = blocks.take(np.lexsort((stratum, window)))
+        blocks = blocks.take(np.argsort(window, kind="stable"))
         counts = np.bincount(window, minlength=windows)
         bounds = np.concatenate(([0], np.cumsum(counts[counts > 0])))
         return cls(blocks, bounds.astype(np.int64), key)

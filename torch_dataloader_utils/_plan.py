@@ -54,6 +54,9 @@ class Split:
     row_length: int
 
 
+_FIELDS = ("splits", "lo", "hi")
+
+
 @dataclass(frozen=True)
 class Pieces:
     """Parallel arrays: piece ``i`` is rows ``[lo[i], hi[i])`` of split ``splits[i]``."""
@@ -78,6 +81,11 @@ class Pieces:
         """Pieces from ``(split, lo, hi)`` triples."""
         arrays = np.array(items, dtype=np.int64).reshape(-1, 3).T
         return cls(arrays[0], arrays[1], arrays[2])
+
+    @classmethod
+    def concat(cls, parts: Sequence[Pieces]) -> Pieces:
+        """``parts`` one after another."""
+        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in _FIELDS))
 
     def take(self, index: slice | IntArray) -> Pieces:
         return Pieces(self.splits[index], self.lo[index], self.hi[index])

@@ -1,4 +1,4 @@
-"""The checkpoint state: its schema (version 4), how it is written, and how it is validated.
+"""The checkpoint state: its schema (version 5), how it is written, and how it is validated.
 
 A state is plain JSON-safe builtins::
 
@@ -68,7 +68,9 @@ __all__ = [
     "stored_split",
 ]
 
-STATE_VERSION = 4
+STATE_VERSION = 5
+# Version 5 changed only the shuffled order: an unshuffled state of version 4 means the same.
+_SAME_UNSHUFFLED = 4
 
 _KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "version": int, "epoch": int, "_num_workers": int, "_shuffle_seed": int, "_shuffle": bool,
@@ -86,6 +88,8 @@ _OLD_VERSIONS = {
     "version 4 names them below the dataset root with fingerprints of their content",
     3: "which mixed a shuffle window's splits in storage order, where version 4 delivers a "
     "window's rows in a random order (the same position means other rows)",
+    4: "whose shuffle dealt the parts of a sliced row group to windows at random, where "
+    "version 5 deals them to consecutive windows (the same position means other rows)",
 }
 ELASTIC_FIELDS = ("world_size", "rank", "num_workers", "even_batches")
 
@@ -298,6 +302,8 @@ def check_shape(state: object) -> None:
     if not isinstance(state, Mapping):
         raise InvalidStateError(f"a state must be a dict, got {type(state).__name__}")
     version = state.get("version")
+    if version == _SAME_UNSHUFFLED and state.get("_shuffle") is False and "_mixture" not in state:
+        version = STATE_VERSION
     if type(version) is int and version in _OLD_VERSIONS:
         raise InvalidStateError(
             f"this state is version {version}, {_OLD_VERSIONS[version]}; this library reads "

@@ -56,6 +56,8 @@ _MAX_READ_ROWS = 65_536
 _MIN_LANE_BYTES = 2**20
 # Rows gathered from a shuffle window at a time (at least a batch).
 _GATHER_ROWS = 16_384
+# Windows ahead whose parts of a unit a window's read carries (their rows: one window's).
+_CARRY_WINDOWS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,9 +288,8 @@ def _shuffled_chunks(
 ) -> Iterator[tuple[Chunk, int]]:
     """A shuffled share from ``start``: each window read whole, then handed out in its keyed
     permutation; with ``read_ahead`` the next window is read in a thread meanwhile."""
-    first = order.window_at(start)
-    windows: Iterator[tuple[Window, npt.NDArray[np.int64], int]] = (
-        _read_window(source, order, number) for number in range(first, len(order.ends))
+    windows: Iterator[tuple[Window, npt.NDArray[np.int64], int]] = _read_windows(
+        source, order, order.window_at(start)
     )
     if read_ahead:
         windows = prefetch(windows, 1)
@@ -302,29 +303,83 @@ def _shuffled_chunks(
         windows.close()  # type: ignore[attr-defined]
 
 
-def _read_window(
-    source: StreamSource, order: ShuffledShare, number: int
-) -> tuple[Window, npt.NDArray[np.int64], int]:
-    """Window ``number``'s rows in storage order, its permutation and its first stream row.
+# Parts of a window's units kept for the windows after it, by (split, first row): the reader
+# decodes a unit once for the consecutive windows its parts were dealt to (``_order``).
+_Carried: TypeAlias = dict[tuple[int, int], list[pa.RecordBatch]]
 
-    Blocks of one unit (slices of a long row group) and adjacent blocks are read as one run,
-    so a window decodes each unit at most once; the rows between its blocks are dropped.
+
+def _read_windows(
+    source: StreamSource, order: ShuffledShare, first: int
+) -> Iterator[tuple[Window, npt.NDArray[np.int64], int]]:
+    """Windows ``first, first + 1, ...``: their rows in storage order, permutation and first
+    stream row."""
+    carried: _Carried = {}
+    for number in range(first, len(order.ends)):
+        blocks, begin, key = order.window(number)
+        later = (order.window(n)[0] for n in range(number + 1, len(order.ends)))
+        window = _read_window(source, blocks, later, carried)
+        yield window, permutation(window.num_rows, key), begin
+
+
+def _read_window(
+    source: StreamSource, blocks: Pieces, later: Iterator[Pieces], carried: _Carried
+) -> Window:
+    """The rows of a window's ``blocks`` in storage order; ``carried`` (updated): the parts
+    of the windows after it read so far.
+
+    Its blocks not carried from the windows before are read, with the ``later`` windows'
+    parts of the units they slice (at most the window's rows more, nearest window first):
+    blocks of one unit and adjacent blocks are read as one run, so a unit is decoded at most
+    once for the consecutive windows its parts were dealt to; the rows between them dropped.
     """
-    blocks, begin, key = order.window(number)
-    runs, run_of = _runs_of(blocks, source.index.unit_starts)
+    unit_starts = source.index.unit_starts
+    keys = list(zip(blocks.splits.tolist(), blocks.lo.tolist(), strict=True))
+    wanted = blocks.take(np.flatnonzero([k not in carried for k in keys]))
+    reads = _with_later_parts(wanted, later, source.index, int(blocks.total))
+    runs, run_of = _runs_of(reads, unit_starts)
     opener = _Opener(source, runs, 0, 0)
-    parts: list[pa.RecordBatch] = []
-    lane_bytes = source.lane_bytes()
+    lane_bytes, read_rows = source.lane_bytes(), source.read_rows(1)
     for run in range(len(runs)):
         read = _piece_read(source, runs, run, 0)
         handle = opener.open(read, lane_bytes)
-        rows = int(runs.rows[run])
-        chunks = [_conform(c) for c, _ in _piece_chunks(source, read, handle, rows)]
+        chunks = [_conform(c) for c, _ in _piece_chunks(source, read, handle, read_rows)]
         start = int(runs.lo[run])
         for block in np.flatnonzero(run_of == run).tolist():
-            parts += _sliced(chunks, int(blocks.lo[block]) - start, int(blocks.hi[block]) - start)
-    window = Window(parts)
-    return window, permutation(window.num_rows, key), begin
+            lo, hi = int(reads.lo[block]), int(reads.hi[block])
+            carried[int(reads.splits[block]), lo] = _sliced(chunks, lo - start, hi - start)
+    return Window([part for k in keys for part in carried.pop(k)])
+
+
+def _with_later_parts(
+    blocks: Pieces, later: Iterator[Pieces], index: DatasetIndex, most: int
+) -> Pieces:
+    """``blocks`` and the blocks of the ``later`` windows (nearest first, at most
+    ``_CARRY_WINDOWS``) that are parts of the units ``blocks`` slice, up to ``most`` rows of
+    them; in storage order."""
+    sliced = {unit for unit, whole in _units_of(blocks, index) if not whole}
+    chosen = [blocks]
+    for window in itertools.islice(later, _CARRY_WINDOWS):
+        if most <= 0 or not sliced:
+            break
+        mine = window.take(np.flatnonzero([u in sliced for u, _ in _units_of(window, index)]))
+        keep = np.flatnonzero(np.cumsum(mine.rows) <= most)
+        chosen.append(mine.take(keep))
+        most -= int(mine.rows[keep].sum())
+    every = Pieces.concat(chosen)
+    return every.take(np.lexsort((every.lo, every.splits)))
+
+
+def _units_of(blocks: Pieces, index: DatasetIndex) -> list[tuple[tuple[int, int], bool]]:
+    """The ``(split, unit)`` of each block's first row, and whether the block starts at the
+    unit's start and covers it (else it is a part of a sliced unit)."""
+    out = []
+    triples = zip(blocks.splits.tolist(), blocks.lo.tolist(), blocks.hi.tolist(), strict=True)
+    for split, lo, hi in triples:
+        starts = index.unit_starts(split)
+        unit = int(np.searchsorted(starts, lo, side="right")) - 1
+        end = int(starts[unit + 1]) if unit + 1 < len(starts) else int(index.split_rows[split])
+        out.append(((split, unit), lo == int(starts[unit]) and hi >= end))
+    return out
 
 
 def _sliced(chunks: list[pa.RecordBatch], lo: int, hi: int) -> list[pa.RecordBatch]:
@@ -344,6 +399,8 @@ def _runs_of(
     """Reads that cover ``blocks`` (in storage order), and the read of each block: a block
     joins the read before it when it is of the same split and no unit starts between them
     (its rows would be decoded anyway to reach it)."""
+    if not len(blocks):
+        return blocks, np.zeros(0, dtype=np.int64)
     joins = np.zeros(len(blocks), dtype=bool)
     for i in range(1, len(blocks)):
         split = int(blocks.splits[i])

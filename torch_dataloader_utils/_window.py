@@ -32,28 +32,40 @@ _LIST_ROWS = 1024
 
 
 class Window:
-    """The rows of ``parts`` (record batches of one schema, at least one) one after another."""
+    """The rows of ``parts`` (record batches of one schema, at least one) one after another.
 
-    def __init__(self, parts: Sequence[pa.RecordBatch]) -> None:
+    ``parts`` is emptied as they are copied, each part let go of once its rows are in: the
+    window's assembly holds about its rows once (its copy growing as its parts go), not twice.
+    """
+
+    def __init__(self, parts: list[pa.RecordBatch]) -> None:
         self.schema = schema = parts[0].schema
         self.num_rows = sum(part.num_rows for part in parts)
-        plain = [i for i, f in enumerate(schema) if _is_plain(f.type, parts, i)]
+        every = range(len(schema))
+        plain = [i for i in every if _is_plain(schema.field(i).type, parts, i)]
+        lists = [
+            i
+            for i in every
+            if _is_number_list(schema.field(i).type, [part.column(i) for part in parts])
+        ]
+        self._plain = plain
         self._dtype = _record_dtype(schema, plain)
-        self._records = np.empty(self.num_rows, dtype=self._dtype)
+        self._records = _pooled(self.num_rows, self._dtype)
+        filling = {i: _Lists.filling([part.column(i) for part in parts]) for i in lists}
+        others: dict[int, list[pa.Array]] = {i: [] for i in every if i not in plain + lists}
         row = 0
-        for part in parts:
+        parts.reverse()  # popped from the end: first part first
+        while parts:
+            part = parts.pop()
             for i in plain:
                 self._records[f"c{i}"][row : row + part.num_rows] = _numbers(part.column(i))
+            for i, lists_of in filling.items():
+                lists_of.put(row, part.column(i))
+            for i, arrays in others.items():
+                arrays.append(part.column(i))
             row += part.num_rows
-        self._plain = plain
-        columns = {i: [part.column(i) for part in parts] for i in range(len(schema))}
-        lists = {i: c for i, c in columns.items() if _is_number_list(schema.field(i).type, c)}
-        self._lists = {i: _Lists.of(arrays) for i, arrays in lists.items()}
-        self._others = {
-            i: pa.concat_arrays(arrays)
-            for i, arrays in columns.items()
-            if i not in plain and i not in lists
-        }
+        self._lists = filling
+        self._others = {i: pa.concat_arrays(arrays) for i, arrays in others.items()}
 
     def take(self, index: npt.NDArray[np.int64]) -> Rows:
         """Rows ``index``, in that order (a copy)."""
@@ -112,24 +124,30 @@ class _Lists:
     offsets: np.ndarray
 
     @classmethod
-    def of(cls, arrays: list[pa.Array]) -> _Lists:
-        values = np.concatenate([_numbers(array.flatten()) for array in arrays])
-        lengths = [np.diff(_numbers(array.offsets)) for array in arrays]
-        offsets = np.zeros(sum(len(n) for n in lengths) + 1, dtype=np.int64)
-        np.cumsum(np.concatenate(lengths), out=offsets[1:])
-        return cls(arrays[0].type, values, offsets)
+    def filling(cls, arrays: list[pa.Array]) -> _Lists:
+        """Room for the rows of ``arrays`` (one after another), filled by ``put``."""
+        values = sum(len(array.flatten()) for array in arrays)
+        dtype = np.dtype(arrays[0].type.value_type.to_pandas_dtype())
+        offsets = np.zeros(sum(len(array) for array in arrays) + 1, dtype=np.int64)
+        return cls(arrays[0].type, _pooled(values, dtype), offsets)
+
+    def put(self, row: int, array: pa.Array) -> None:
+        """``array``'s lists as rows ``row, row + 1, ...`` (the rows before it are in)."""
+        first = int(self.offsets[row])
+        values = _numbers(array.flatten())
+        self.values[first : first + len(values)] = values
+        ends = _numbers(array.offsets)[1:] - _numbers(array.offsets)[0]
+        np.add(ends, first, out=self.offsets[row + 1 : row + 1 + len(array)])
 
     def take(self, index: npt.NDArray[np.int64]) -> pa.Array:
-        """Rows ``index`` as a new list array, its values in memory of Arrow's pool (which
-        keeps freed pages: a fresh numpy array this large costs a page fault per 4 KiB)."""
+        """Rows ``index`` as a new list array, its values in memory of Arrow's pool."""
         starts = self.offsets[index]
         lengths = self.offsets[index + 1] - starts
         bounds = np.zeros(len(index) + 1, dtype=np.int64)
         np.cumsum(lengths, out=bounds[1:])
         chunks = [*range(0, len(index), _LIST_ROWS), len(index)]
         scratch = np.empty(int(np.diff(bounds[chunks]).max(initial=0)), dtype=np.int64)
-        buffer = pa.allocate_buffer(int(bounds[-1]) * self.values.itemsize)
-        out = np.frombuffer(buffer, dtype=self.values.dtype)
+        out = _pooled(int(bounds[-1]), self.values.dtype)
         for lo, hi in itertools.pairwise(chunks):
             source = scratch[: bounds[hi] - bounds[lo]]
             _sources(starts[lo:hi], lengths[lo:hi], bounds[lo:hi] - bounds[lo], source)
@@ -137,7 +155,7 @@ class _Lists:
             np.take(self.values, source, out=out[bounds[lo] : bounds[hi]], mode="clip")
         if pat.is_list(self.kind):
             bounds = bounds.astype(np.int32)
-        values = pa.Array.from_buffers(self.kind.value_type, len(out), [None, buffer])
+        values = pa.Array.from_buffers(self.kind.value_type, len(out), [None, pa.py_buffer(out)])
         buffers = [None, pa.py_buffer(bounds)]
         return pa.Array.from_buffers(self.kind, len(index), buffers, children=[values])
 
@@ -191,6 +209,13 @@ def _record_dtype(schema: pa.Schema, plain: list[int]) -> np.dtype[np.void]:
     return np.dtype(
         {"names": names, "formats": formats, "offsets": offsets[:-1], "itemsize": itemsize}
     )
+
+
+def _pooled(length: int, dtype: np.dtype) -> np.ndarray:
+    """A new array of ``length`` values in memory of Arrow's pool: it keeps pages it freed, so
+    a window's next one reuses them (a fresh numpy array this large costs a page fault per
+    4 KiB, up to a third of a shuffled epoch's time)."""
+    return np.frombuffer(pa.allocate_buffer(length * dtype.itemsize), dtype=dtype, count=length)
 
 
 def _numbers(array: pa.Array) -> np.ndarray:
