@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeAlias
 
@@ -58,6 +59,9 @@ _MIN_LANE_BYTES = 2**20
 _GATHER_ROWS = 16_384
 # Windows ahead whose parts of a unit a window's read carries (their rows: one window's).
 _CARRY_WINDOWS = 8
+# Threads that decode a window's runs (pyarrow decodes without the GIL): a stream that waits
+# for its window (the first one, or a reader slower than the training step) waits half as long.
+_DECODE_THREADS = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -339,14 +343,21 @@ def _read_window(
     runs, run_of = _runs_of(reads, unit_starts)
     opener = _Opener(source, runs, 0, 0)
     lane_bytes, read_rows = source.lane_bytes(), source.read_rows(1)
-    for run in range(len(runs)):
+
+    def decoded(run: int) -> list[pa.RecordBatch]:
         read = _piece_read(source, runs, run, 0)
         handle = opener.open(read, lane_bytes)
-        chunks = [_conform(c) for c, _ in _piece_chunks(source, read, handle, read_rows)]
-        start = int(runs.lo[run])
-        for block in np.flatnonzero(run_of == run).tolist():
-            lo, hi = int(reads.lo[block]), int(reads.hi[block])
-            carried[int(reads.splits[block]), lo] = _sliced(chunks, lo - start, hi - start)
+        return [_conform(c) for c, _ in _piece_chunks(source, read, handle, read_rows)]
+
+    pool = ThreadPoolExecutor(_DECODE_THREADS)  # runs are independent reads
+    try:
+        for run, chunks in enumerate(pool.map(decoded, range(len(runs)))):
+            start = int(runs.lo[run])
+            for block in np.flatnonzero(run_of == run).tolist():
+                lo, hi = int(reads.lo[block]), int(reads.hi[block])
+                carried[int(reads.splits[block]), lo] = _sliced(chunks, lo - start, hi - start)
+    finally:
+        pool.shutdown(cancel_futures=True)  # after an error, the runs not begun are not read
     return Window([part for k in keys for part in carried.pop(k)])
 
 
