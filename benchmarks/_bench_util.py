@@ -178,6 +178,21 @@ def forked_children() -> set[int]:
     return {pid for pid in pids if _cmdline(pid) == mine}
 
 
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its live forked children so far: what
+    an epoch costs whatever the threads and workers it spreads over."""
+    tick = os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    total = own.user + own.system
+    for pid in forked_children():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the worker ended meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()

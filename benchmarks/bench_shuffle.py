@@ -20,8 +20,10 @@ the same run, with its target and whether it is met:
 3. **layouts** ``large_file`` and ``big_groups``, defaults: the targets of 1;
 4. **cost**: shuffled / unshuffled rows/s, median of per-round ratios over interleaved rounds,
    each contender one loader (persistent workers) warmed by one untimed epoch, then one epoch per
-   round (``set_epoch``): ``main`` all columns (≥ 0.65 with 0 workers, ≥ 0.85 with 2), ``tokens``
-   unpacked and packed (``TokenPacking``, 128 x 2,048 tokens a batch) (≥ 0.85);
+   round (``set_epoch``), with the CPU time of an epoch (process and workers) beside it, since
+   the shuffled path decodes a window with two threads: ``main`` all columns (≥ 0.65 with 0
+   workers, ≥ 0.85 with 2), ``tokens`` unpacked and packed (``TokenPacking``, 128 x 2,048
+   tokens a batch) (≥ 0.85);
 5. **latency**: time to the first batch of an epoch (a new loader: ``iter`` + ``next``, workers'
    start included), shuffled, beside unshuffled (≤ 1 s); and after a resume at 90 % vs at 0 % of
    the epoch (≤ 1.5x), the resumed epoch checked row for row;
@@ -52,7 +54,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
-from _bench_util import forked_children, machine_note, paired, quiet_setup, status_kib
+from _bench_util import (
+    cpu_seconds,
+    forked_children,
+    machine_note,
+    paired,
+    quiet_setup,
+    status_kib,
+)
 from _shuffle_data import EOS, FULL, QUICK, Data, all_data, describe, token_totals  # tests/ on path
 from _shuffle_metrics import Quality, exactly_once, quality, uniform_batches
 from _shuffle_report import (
@@ -343,15 +352,21 @@ def cost_pair(
 ) -> dict[str, Any]:
     packed = packed_totals is not None
     runs: dict[str, list[float]] = {"shuffled": [], "unshuffled": []}
+    cpu: dict[str, list[float]] = {"shuffled": [], "unshuffled": []}
     epochs = {name: steady_loader(data, workers, name == "shuffled", packed) for name in runs}
     for number in range(1, rounds + 1):
         for name, epoch in epochs.items():
+            before = cpu_seconds()
             run = epoch(number)
+            cpu[name].append(cpu_seconds() - before)
             check(run, data, f"{label} {name} epoch {number}", packed_totals)
             runs[name].append(data.total / run.seconds)
     del epochs
     gc.collect()
-    return {"runs": runs} | paired(runs, "shuffled", "unshuffled")
+    cpu_ratio = statistics.median(cpu["unshuffled"]) / statistics.median(cpu["shuffled"])
+    return {"runs": runs, "cpu_s": cpu, "cpu_ratio": cpu_ratio} | paired(
+        runs, "shuffled", "unshuffled"
+    )
 
 
 def run_cost(args: argparse.Namespace, datas: dict[str, Data], verdicts: Verdicts) -> dict:
@@ -368,7 +383,8 @@ def run_cost(args: argparse.Namespace, datas: dict[str, Data], verdicts: Verdict
         medians = [statistics.median(r["runs"][n]) / 1e6 for n in ("shuffled", "unshuffled")]
         print(f"  {label:<10} {r['paired_median']:5.2f}  (target ≥ {target}; of medians "
               f"{r['of_medians']:.2f}, best/best {r['best_over_best']:.2f}; "
-              f"{medians[0]:.2f}M / {medians[1]:.2f}M rows/s)", flush=True)  # fmt: skip
+              f"{medians[0]:.2f}M / {medians[1]:.2f}M rows/s; CPU time unshuffled / "
+              f"shuffled {r['cpu_ratio']:.2f})", flush=True)  # fmt: skip
         verdicts.add(f"cost {label}", f"{r['paired_median']:.2f}",
                      f"unshuffled {medians[1]:.2f}M rows/s", f"≥ {target}",
                      r["paired_median"] >= target)  # fmt: skip
