@@ -237,9 +237,9 @@ class ShuffledShare:
         windows = max(1, -(-total // window_rows), min(_MIN_WINDOWS, total // _SPLIT_ROWS))
         # One window: every row meets every other, blocks do not matter; else enough of them.
         block_rows = total if windows == 1 else max(1, total // windows // BLOCKS_PER_WINDOW)
-        part_rows = max(1, total // windows // _MIN_PLACES)
+        part_rows = total if windows == 1 else max(1, total // windows // _MIN_PLACES)
         blocks, part = cut_blocks(share, unit_starts, block_rows, part_rows)
-        home_of = np.cumsum(part == 0) - 1  # the block holding each block's unit's first part
+        home_of = np.cumsum(part == 0) - 1  # the number of each block's first part among them
         homes = int(np.count_nonzero(part == 0))
         largest = int(blocks.rows.max()) if len(blocks) else 0
         while True:

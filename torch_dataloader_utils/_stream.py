@@ -318,28 +318,39 @@ def _read_windows(
     """Windows ``first, first + 1, ...``: their rows in storage order, permutation and first
     stream row."""
     carried: _Carried = {}
-    for number in range(first, len(order.ends)):
-        blocks, begin, key = order.window(number)
-        later = (order.window(n)[0] for n in range(number + 1, len(order.ends)))
-        window = _read_window(source, blocks, later, carried)
-        yield window, permutation(window.num_rows, key), begin
+    pool = ThreadPoolExecutor(_DECODE_THREADS)  # a window's runs are independent reads
+    try:
+        for number in range(first, len(order.ends)):
+            blocks, begin, key = order.window(number)
+            later = (order.window(n)[0] for n in range(number + 1, len(order.ends)))
+            window = _read_window(source, blocks, later, carried, pool)
+            yield window, permutation(window.num_rows, key), begin
+    finally:
+        pool.shutdown(cancel_futures=True)  # after an error, the runs not begun are not read
 
 
 def _read_window(
-    source: StreamSource, blocks: Pieces, later: Iterator[Pieces], carried: _Carried
+    source: StreamSource,
+    blocks: Pieces,
+    later: Iterator[Pieces],
+    carried: _Carried,
+    pool: ThreadPoolExecutor,
 ) -> Window:
     """The rows of a window's ``blocks`` in storage order; ``carried`` (updated): the parts
     of the windows after it read so far.
 
     Its blocks not carried from the windows before are read, with the ``later`` windows'
-    parts of the units they slice (at most the window's rows more, nearest window first):
+    parts of the units they slice (nearest window first, while all that is carried for later
+    windows stays within the window's rows):
     blocks of one unit and adjacent blocks are read as one run, so a unit is decoded at most
     once for the consecutive windows its parts were dealt to; the rows between them dropped.
     """
     unit_starts = source.index.unit_starts
     keys = list(zip(blocks.splits.tolist(), blocks.lo.tolist(), strict=True))
+    mine = set(keys)
+    held = sum(p.num_rows for k, parts in carried.items() if k not in mine for p in parts)
     wanted = blocks.take(np.flatnonzero([k not in carried for k in keys]))
-    reads = _with_later_parts(wanted, later, source.index, int(blocks.total))
+    reads = _with_later_parts(wanted, later, source.index, int(blocks.total) - held)
     runs, run_of = _runs_of(reads, unit_starts)
     opener = _Opener(source, runs, 0, 0)
     lane_bytes, read_rows = source.lane_bytes(), source.read_rows(1)
@@ -349,15 +360,11 @@ def _read_window(
         handle = opener.open(read, lane_bytes)
         return [_conform(c) for c, _ in _piece_chunks(source, read, handle, read_rows)]
 
-    pool = ThreadPoolExecutor(_DECODE_THREADS)  # runs are independent reads
-    try:
-        for run, chunks in enumerate(pool.map(decoded, range(len(runs)))):
-            start = int(runs.lo[run])
-            for block in np.flatnonzero(run_of == run).tolist():
-                lo, hi = int(reads.lo[block]), int(reads.hi[block])
-                carried[int(reads.splits[block]), lo] = _sliced(chunks, lo - start, hi - start)
-    finally:
-        pool.shutdown(cancel_futures=True)  # after an error, the runs not begun are not read
+    for run, chunks in enumerate(pool.map(decoded, range(len(runs)))):
+        start = int(runs.lo[run])
+        for block in np.flatnonzero(run_of == run).tolist():
+            lo, hi = int(reads.lo[block]), int(reads.hi[block])
+            carried[int(reads.splits[block]), lo] = _sliced(chunks, lo - start, hi - start)
     return Window([part for k in keys for part in carried.pop(k)])
 
 
