@@ -59,8 +59,9 @@ _MIN_LANE_BYTES = 2**20
 _GATHER_ROWS = 16_384
 # Windows ahead whose parts of a unit a window's read carries (their rows: one window's).
 _CARRY_WINDOWS = 8
-# Threads that decode a window's runs (pyarrow decodes without the GIL): a stream that waits
-# for its window (the first one, or a reader slower than the training step) waits half as long.
+# Threads that decode a window's runs in the main process (pyarrow decodes without the GIL): a
+# stream that waits for its window (the first one, or a reader slower than the training step)
+# waits half as long.
 _DECODE_THREADS = 2
 
 
@@ -292,8 +293,10 @@ def _shuffled_chunks(
 ) -> Iterator[tuple[Chunk, int]]:
     """A shuffled share from ``start``: each window read whole, then handed out in its keyed
     permutation; with ``read_ahead`` the next window is read in a thread meanwhile."""
+    # Two threads decode a window where the stream reads ahead (the main process); a
+    # DataLoader worker is one of several processes sharing the cores already.
     windows: Iterator[tuple[Window, npt.NDArray[np.int64], int]] = _read_windows(
-        source, order, order.window_at(start)
+        source, order, order.window_at(start), _DECODE_THREADS if read_ahead else 1
     )
     if read_ahead:
         windows = prefetch(windows, 1)
@@ -313,20 +316,21 @@ _Carried: TypeAlias = dict[tuple[int, int], list[pa.RecordBatch]]
 
 
 def _read_windows(
-    source: StreamSource, order: ShuffledShare, first: int
+    source: StreamSource, order: ShuffledShare, first: int, threads: int
 ) -> Iterator[tuple[Window, npt.NDArray[np.int64], int]]:
     """Windows ``first, first + 1, ...``: their rows in storage order, permutation and first
-    stream row."""
+    stream row; ``threads`` decode a window's runs (independent reads)."""
     carried: _Carried = {}
-    pool = ThreadPoolExecutor(_DECODE_THREADS)  # a window's runs are independent reads
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
     try:
         for number in range(first, len(order.ends)):
             blocks, begin, key = order.window(number)
             later = (order.window(n)[0] for n in range(number + 1, len(order.ends)))
-            window = _read_window(source, blocks, later, carried, pool)
+            window = _read_window(source, blocks, later, carried, map if pool is None else pool.map)
             yield window, permutation(window.num_rows, key), begin
     finally:
-        pool.shutdown(cancel_futures=True)  # after an error, the runs not begun are not read
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)  # after an error, the runs not begun are not read
 
 
 def _read_window(
@@ -334,10 +338,12 @@ def _read_window(
     blocks: Pieces,
     later: Iterator[Pieces],
     carried: _Carried,
-    pool: ThreadPoolExecutor,
+    runs_map: Callable[
+        [Callable[[int], list[pa.RecordBatch]], range], Iterable[list[pa.RecordBatch]]
+    ],
 ) -> Window:
     """The rows of a window's ``blocks`` in storage order; ``carried`` (updated): the parts
-    of the windows after it read so far.
+    of the windows after it read so far; ``runs_map``: ``map``, or a thread pool's.
 
     Its blocks not carried from the windows before are read, with the ``later`` windows'
     parts of the units they slice (nearest window first, while all that is carried for later
@@ -360,7 +366,7 @@ def _read_window(
         handle = opener.open(read, lane_bytes)
         return [_conform(c) for c, _ in _piece_chunks(source, read, handle, read_rows)]
 
-    for run, chunks in enumerate(pool.map(decoded, range(len(runs)))):
+    for run, chunks in enumerate(runs_map(decoded, range(len(runs)))):
         start = int(runs.lo[run])
         for block in np.flatnonzero(run_of == run).tolist():
             lo, hi = int(reads.lo[block]), int(reads.hi[block])
