@@ -222,6 +222,36 @@ def test_resume_with_two_workers_s3(s3_server: str, layout: Layout, data: st.Dat
     check_resume(_put_s3(s3_server), "parquet", layout, data, num_workers=2, checkpoints=3)
 
 
+@st.composite
+def sliced_layouts(draw: st.DrawFn) -> Layout:
+    """Row groups of 800-2,000 rows, 19,200 rows or more, under the minimum budget (windows
+    of about 17,500 rows): row groups longer than 1/24 of a window are sliced into parts dealt
+    to consecutive windows, which a window's read decodes once and carries
+    (``_stream._read_window``)."""
+    unit = st.integers(800, 2000)
+    files = draw(st.lists(st.lists(unit, min_size=8, max_size=12), min_size=3, max_size=3))
+    return Layout(
+        files=tuple(tuple(units) for units in files),
+        split_bytes=draw(st.sampled_from([1, 2**30])),
+        batch_size=draw(st.integers(16, 128)),
+        shuffle=True,
+        seed=draw(st.integers(0, 2**31)),
+        memory_bytes=MIB,
+    )
+
+
+@_settings(3)
+@given(layout=sliced_layouts(), data=st.data())
+def test_resume_where_row_groups_are_sliced(put: Put, layout: Layout, data: st.DataObject):
+    check_resume(put, "parquet", layout, data, num_workers=0, checkpoints=4)
+
+
+@_settings(2)
+@given(layout=sliced_layouts(), data=st.data())
+def test_resume_where_row_groups_are_sliced_two_workers(layout: Layout, data: st.DataObject):
+    check_resume(_put_memory, "parquet", layout, data, num_workers=2, checkpoints=3)
+
+
 # ---------------------------------------------------------------------------- regressions
 
 
