@@ -117,7 +117,7 @@ def test_sliced_row_groups_are_decoded_about_once(
 ) -> None:
     """Parts of a row group go to consecutive windows and the reader carries the next
     windows' parts of what it decodes (a window's rows at most): an epoch decodes its rows
-    1.0-1.35 times here (the order of state version 4 decoded each group once per window
+    1.0-1.4 times here (the order of state version 4 decoded each group once per window
     holding a part of it: 2.0-2.1 times), and delivers them in the order's permutation."""
     case = {"path": str(long_groups), "shuffle": True, "batch_size": 100, "split_bytes": 10**9,
             "shuffle_memory_bytes": _budget(long_groups, window)}  # fmt: skip

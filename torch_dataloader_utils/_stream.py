@@ -386,6 +386,8 @@ def _with_later_parts(
         if most <= 0 or not sliced:
             break
         mine = window.take(np.flatnonzero([u in sliced for u, _ in _units_of(window, index)]))
+        if not len(mine):  # parts of a unit are in consecutive windows: none further on
+            break
         keep = np.flatnonzero(np.cumsum(mine.rows) <= most)
         chosen.append(mine.take(keep))
         most -= int(mine.rows[keep].sum())
