@@ -346,16 +346,16 @@ def _read_window(
     of the windows after it read so far; ``runs_map``: ``map``, or a thread pool's.
 
     Its blocks not carried from the windows before are read, with the ``later`` windows'
-    parts of the units they slice (nearest window first, while all that is carried for later
-    windows stays within the window's rows):
-    blocks of one unit and adjacent blocks are read as one run, so a unit is decoded at most
-    once for the consecutive windows its parts were dealt to; the rows between them dropped.
+    parts of the units they slice not carried yet (nearest window first, while all that is
+    carried for later windows stays within the window's rows): blocks of one unit and
+    adjacent blocks are read as one run, so a unit is decoded at most once for the
+    consecutive windows its parts were dealt to; the rows between them are dropped.
     """
     unit_starts = source.index.unit_starts
     keys = list(zip(blocks.splits.tolist(), blocks.lo.tolist(), strict=True))
     mine = set(keys)
     held = sum(p.num_rows for k, parts in carried.items() if k not in mine for p in parts)
-    wanted = blocks.take(np.flatnonzero([k not in carried for k in keys]))
+    wanted, later = _not_in(blocks, carried), (_not_in(w, carried) for w in later)
     reads = _with_later_parts(wanted, later, source.index, int(blocks.total) - held)
     runs, run_of = _runs_of(reads, unit_starts)
     opener = _Opener(source, runs, 0, 0)
@@ -372,6 +372,12 @@ def _read_window(
             lo, hi = int(reads.lo[block]), int(reads.hi[block])
             carried[int(reads.splits[block]), lo] = _sliced(chunks, lo - start, hi - start)
     return Window([part for k in keys for part in carried.pop(k)])
+
+
+def _not_in(blocks: Pieces, carried: _Carried) -> Pieces:
+    """``blocks`` but those ``carried`` holds."""
+    keys = zip(blocks.splits.tolist(), blocks.lo.tolist(), strict=True)
+    return blocks.take(np.flatnonzero([key not in carried for key in keys]))
 
 
 def _with_later_parts(
