@@ -240,10 +240,13 @@ def sliced_layouts(draw: st.DrawFn) -> Layout:
     )
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
 @_settings(3)
 @given(layout=sliced_layouts(), data=st.data())
-def test_resume_where_row_groups_are_sliced(put: Put, layout: Layout, data: st.DataObject):
-    check_resume(put, "parquet", layout, data, num_workers=0, checkpoints=4)
+def test_resume_where_row_groups_are_sliced(
+    put: Put, fmt: str, layout: Layout, data: st.DataObject
+):
+    check_resume(put, fmt, layout, data, num_workers=0, checkpoints=4)
 
 
 @_settings(2)
