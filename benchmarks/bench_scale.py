@@ -9,12 +9,12 @@ dataset makes (``Epochs``: ``begin`` in the main process and in each worker, ``b
 1. **Index**: time to cut the splits and build the index, memory it keeps (RSS delta), and its
    pickled size (what travels to spawned workers), per split.
 2. **Per rank**, for every index x ``ranks`` x ``workers`` point: ``begin`` in the main
-   process (cold: the permutation is recomputed) and in one worker (warm: a forked worker
-   inherits the permutation), ``len`` (cold), the tracemalloc peak of ``begin`` and what the
+   process (cold: the epoch's sequence is recomputed) and in one worker (warm: a forked worker
+   inherits the sequence), ``len`` (cold), the tracemalloc peak of ``begin`` and what the
    epoch's progress keeps, ``state_dict()`` per call and its pickled size at 50 % of the epoch,
    and a resume (``load`` + ``begin``, cold). Times are the fastest of ``--repeats`` (one at
-   10^7 splits). The baseline is the permutation alone (``epoch_order``, cold): the one part
-   every rank must compute over all splits; ``begin`` is printed as a ratio of it.
+   10^7 splits). The baseline is the shuffled sequence alone (``Epochs.sequence``, cold): the
+   one part every rank must compute over all splits; ``begin`` is printed as a ratio of it.
 3. **state_dict() at 100,000 splits** (1,000 files x 100 splits, 20 rows each, the
    ``tests/test_state.py`` fixture), 8 workers at 50 %: per call in the main process and in
    one worker (what StatefulDataLoader asks every step), target ≤ 1 ms.
@@ -50,7 +50,7 @@ from torch_dataloader_utils._config import DatasetConfig
 from torch_dataloader_utils._epoch import Epochs, Progress, Start
 from torch_dataloader_utils._formats import FileMetadata
 from torch_dataloader_utils._index import DatasetIndex, IndexedFile
-from torch_dataloader_utils._plan import Generation, cut_splits, epoch_order
+from torch_dataloader_utils._plan import Generation, cut_splits
 
 TARGET_STATE_S = 1e-3
 TARGET_STATE_BYTES = 64 * 1024
@@ -170,11 +170,11 @@ class Rank:
         return Start.fresh(0)
 
 
-def _cold(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` after forgetting any permutation cached by an earlier call."""
+def _cold(epochs: Epochs, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` after ``epochs`` forgets the sequence an earlier call kept."""
 
     def call() -> Any:
-        epoch_order.cache_clear()
+        epochs._sequences.clear()
         return fn()
 
     return call
@@ -203,21 +203,20 @@ def traced(fn: Callable[[], Any]) -> tuple[int, int, Any]:
 
 def measure_rank(rank: Rank, repeats: int) -> dict[str, Any]:
     epochs, fresh, workers = rank.epochs, rank.fresh, rank.workers
-    n = len(rank.index.splits)
     seconds: dict[str, float] = {}
-    seconds["perm"] = _fastest(repeats, _cold(lambda: epoch_order(n, 0, 0, True)))
-    seconds["begin"] = _fastest(repeats, _cold(lambda: epochs.begin(fresh, workers)))
-    # a forked worker inherits the permutation the main process has just computed
+    seconds["perm"] = _fastest(repeats, _cold(epochs, lambda: epochs.sequence(0)))
+    seconds["begin"] = _fastest(repeats, _cold(epochs, lambda: epochs.begin(fresh, workers)))
+    # a forked worker inherits the sequence the main process has just computed
     seconds["worker"] = _fastest(repeats, lambda: epochs.begin(fresh, workers, workers=[0]))
-    seconds["len"] = _fastest(repeats, _cold(lambda: epochs.batches(fresh, workers)))
-    peak, kept, progress = traced(_cold(lambda: epochs.begin(fresh, workers)))
+    seconds["len"] = _fastest(repeats, _cold(epochs, lambda: epochs.batches(fresh, workers)))
+    peak, kept, progress = traced(_cold(epochs, lambda: epochs.begin(fresh, workers)))
     del progress
     progress = half_way(rank)
     state = epochs.encode(progress)
     seconds["state"] = per_call(lambda: epochs.encode(progress), calls=max(3, 20 * repeats))
     stored = json.loads(json.dumps(state))
     seconds["load"] = _fastest(
-        repeats, _cold(lambda: epochs.begin(epochs.load(stored, workers), workers))
+        repeats, _cold(epochs, lambda: epochs.begin(epochs.load(stored, workers), workers))
     )
     own = sum(len(order.pieces) for order in progress.orders.values())
     return {
@@ -308,7 +307,7 @@ def state_dict_cost(repeats: int) -> dict[str, dict[str, float]]:
             "state_pickle_bytes": len(pickle.dumps(state)),
             "state_json_bytes": len(json.dumps(state).encode()),
             "resume_s": _fastest(
-                repeats, _cold(lambda e=epochs, st=stored: e.begin(e.load(st, 8), 8))
+                repeats, _cold(epochs, lambda e=epochs, st=stored: e.begin(e.load(st, 8), 8))
             ),
         }
     print(

@@ -18,8 +18,9 @@ from torch_dataloader_utils._order import (
     cut_blocks,
     permutation,
     permuted,
+    shuffled_sequence,
 )
-from torch_dataloader_utils._plan import EpochPlan, Generation, Pieces, cut_splits, epoch_order
+from torch_dataloader_utils._plan import EpochPlan, Generation, Pieces, cut_splits
 
 
 @given(st.integers(0, 5000), st.integers(0, 2**64 - 1))
@@ -70,7 +71,7 @@ def test_blocks_cover_each_piece_once_within_the_bound(units, block_rows) -> Non
     assert (blocks.rows > 0).all()
 
 
-def _index(file_rows: list[list[int]]) -> DatasetIndex:
+def _index(file_rows: list[list[int]], split_bytes: int = 60) -> DatasetIndex:
     import pyarrow as pa
 
     schema = pa.schema([("id", pa.int64())])
@@ -80,8 +81,48 @@ def _index(file_rows: list[list[int]]) -> DatasetIndex:
         for i, rows in enumerate(file_rows)
     )  # fmt: skip
     splits = cut_splits([f.metadata.unit_bytes for f in files],
-                        [f.metadata.unit_rows for f in files], 60)  # fmt: skip
+                        [f.metadata.unit_rows for f in files], split_bytes)  # fmt: skip
     return DatasetIndex(files, tuple(splits), schema)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=6), min_size=1, max_size=6),
+       st.sampled_from([60, 10**6]), st.integers(1, 2_000), st.integers(0, 3))  # fmt: skip
+def test_the_shuffled_sequence_is_every_row_once_in_blocks_of_whole_units(
+    file_rows, split_bytes, window, epoch
+) -> None:
+    index = _index(file_rows, split_bytes)
+    sequence = shuffled_sequence(index, window, 5, epoch)
+    assert sorted(_rows(sequence)) == sorted(
+        (s, r) for s in range(len(index.splits)) for r in range(index.split_rows[s])
+    )
+    for split, lo, hi in zip(sequence.splits, sequence.lo, sequence.hi, strict=True):
+        starts = [*index.unit_starts(split).tolist(), int(index.split_rows[split])]
+        assert lo in starts and hi in starts and hi > lo
+    again = shuffled_sequence(index, window, 5, epoch)
+    assert _rows(again) == _rows(sequence)
+
+
+def _rows(pieces: Pieces) -> list[tuple[int, int]]:
+    triples = zip(pieces.splits.tolist(), pieces.lo.tolist(), pieces.hi.tolist(), strict=True)
+    return [(s, r) for s, lo, hi in triples for r in range(lo, hi)]
+
+
+def test_every_stream_draws_from_all_over_the_data_whatever_the_streams() -> None:
+    """8 files of one split each (10 row groups of 100 rows), 4 ranks x 2 workers: a stream's
+    share is row groups of many files, not one whole file (each stream its file before state
+    version 6), and small units are dealt in blocks (one read), not one by one."""
+    index = _index([[100] * 10] * 8, split_bytes=10**9)
+    assert len(index.splits) == 8
+    sequence = shuffled_sequence(index, 10**7, 0, 0)
+    assert len(sequence) == 80 and (sequence.rows == 100).all()  # a block: at most 1/4,096
+    plan = EpochPlan.first(epoch=0, sequence=sequence, world_size=4, num_workers=2, even=False)
+    files = [len(set(plan.stream_share(g).splits.tolist())) for g in range(8)]
+    assert min(files) >= 4 and np.mean(files) > 5
+    assert not np.array_equal(shuffled_sequence(index, 10**7, 0, 1).splits, sequence.splits)
+    small = _index([[10] * 10_000] * 8, split_bytes=10**9)  # 800,000 rows in units of 10
+    blocks = shuffled_sequence(small, 64 * 40, 0, 0)  # blocks of 40 rows: 4 units each
+    assert len(blocks) == 20_000 and (blocks.rows == 40).all()
 
 
 layouts = st.lists(st.lists(st.integers(1, 30), min_size=1, max_size=5), min_size=1, max_size=6)
@@ -94,8 +135,7 @@ def test_every_row_once_and_row_at_names_it(file_rows, world, workers, window, d
     row the stream delivers at ``p``; windows hold at most ``window`` rows plus a block."""
     index = _index(file_rows)
     shuffle = Shuffle(seed=3, window_rows=window)
-    order = epoch_order(len(index.splits), 3, 1, True)
-    plan = EpochPlan.first(epoch=1, order=order, split_rows=index.split_rows,
+    plan = EpochPlan.first(epoch=1, sequence=shuffled_sequence(index, window, 3, 1),
                            world_size=world, num_workers=workers, even=False)  # fmt: skip
     everything = sorted((s, r) for s in range(len(index.splits))
                         for r in range(index.split_rows[s]))  # fmt: skip

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from torch_dataloader_utils._order import permutation
 from torch_dataloader_utils._plan import (
     EpochPlan,
     Generation,
@@ -25,7 +26,6 @@ from torch_dataloader_utils._plan import (
     Split,
     cut_splits,
     deal,
-    epoch_order,
 )
 from torch_dataloader_utils._world import World
 
@@ -63,8 +63,8 @@ def _rows_of(pieces: Pieces) -> list[tuple[int, int]]:
 def epochs(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
     """``(split_rows, order)`` of a random epoch."""
     split_rows = draw(st.lists(st.integers(1, 12), max_size=25))
-    order = epoch_order(len(split_rows), draw(st.integers(0, 100)), 0, draw(st.booleans()))
-    return _ints(split_rows), order
+    order = draw(st.permutations(range(len(split_rows))))
+    return _ints(split_rows), _ints(order)
 
 
 # ---------------------------------------------------------------------------- cut_splits
@@ -122,45 +122,6 @@ def test_cut_splits_rejects_non_positive_bound():
         cut_splits([[1]], [[1]], 0)
 
 
-# ---------------------------------------------------------------------------- epoch_order
-
-
-@given(st.integers(0, 300), st.integers(0, 2**40), st.integers(0, 1000))
-def test_epoch_order_is_a_deterministic_permutation(n, seed, epoch):
-    order = epoch_order(n, seed, epoch, True)
-    assert order.dtype == np.int64
-    assert sorted(order.tolist()) == list(range(n))
-    assert np.array_equal(order, epoch_order(n, seed, epoch, True))
-
-
-@given(st.integers(12, 300), st.integers(0, 2**40), st.integers(0, 1000))
-def test_epoch_order_changes_with_epoch_and_seed(n, seed, epoch):
-    order = epoch_order(n, seed, epoch, True)
-    assert not np.array_equal(order, epoch_order(n, seed, epoch + 1, True))
-    assert not np.array_equal(order, epoch_order(n, seed + 1, epoch, True))
-    assert not np.array_equal(order, np.arange(n))
-
-
-@given(st.integers(0, 300), st.integers(0, 100), st.integers(0, 100))
-def test_epoch_order_without_shuffle_is_identity(n, seed, epoch):
-    assert epoch_order(n, seed, epoch, False).tolist() == list(range(n))
-
-
-def test_epoch_order_is_pinned():
-    """Platform- and version-stable: a checkpoint's order must not change under an upgrade."""
-    assert epoch_order(10, 0, 0, True).tolist() == [5, 1, 4, 9, 3, 8, 6, 7, 0, 2]
-    assert epoch_order(10, 7, 3, True).tolist() == [3, 5, 7, 2, 0, 6, 9, 8, 4, 1]
-
-
-def test_epoch_order_is_computed_once_and_read_only():
-    """``len``, the main process and every worker ask for it: the last one is kept."""
-    first = epoch_order(1000, 3, 1, True)
-    assert epoch_order(1000, 3, 1, True) is first
-    with pytest.raises(ValueError, match="read-only"):
-        first[0] = 1
-    assert not np.array_equal(epoch_order(1000, 3, 2, True), first)
-
-
 # ---------------------------------------------------------------------------- pieces
 
 
@@ -215,7 +176,7 @@ def _streams(plan: EpochPlan, world_size: int, workers: int) -> list[Pieces]:
 def test_deal_is_balanced_and_lossless(epoch, world_size, num_workers, even):
     split_rows, order = epoch
     plan = EpochPlan.first(
-        epoch=0, order=order, split_rows=split_rows, world_size=world_size,
+        epoch=0, sequence=Pieces.whole(order, split_rows), world_size=world_size,
         num_workers=num_workers, even=even,
     )  # fmt: skip
     workers = max(1, num_workers)
@@ -270,7 +231,7 @@ def test_elastic_deals_are_exactly_the_rows_not_delivered(epoch, data):
     predecessor's streams had not delivered, its left-out rows included."""
     split_rows, order = epoch
     world, workers, even = data.draw(st.integers(1, 4)), data.draw(st.integers(0, 3)), True
-    plan = EpochPlan.first(epoch=0, order=order, split_rows=split_rows, world_size=world,
+    plan = EpochPlan.first(epoch=0, sequence=Pieces.whole(order, split_rows), world_size=world,
                            num_workers=workers, even=even)  # fmt: skip
     delivered: list[tuple[int, int]] = []
     for _ in range(data.draw(st.integers(1, 3))):
@@ -310,7 +271,7 @@ def test_a_later_deal_keeps_the_cuts_its_streams_did_not_reach():
     """A row an elastic resume cut mid-document stays cut through the next one, until a stream
     passes it."""
     split_rows = _ints([10, 10])
-    first = EpochPlan.first(epoch=0, order=_ints([0, 1]), split_rows=split_rows, world_size=2,
+    first = EpochPlan.first(epoch=0, sequence=Pieces.whole(_ints([0, 1]), split_rows), world_size=2,
                             num_workers=0, even=False)  # fmt: skip
     second = first.then(Generation(2, 0, False, _ints([4, 0]), _ints([3, 0])), world_size=1,
                         num_workers=0, even=False)  # fmt: skip
@@ -388,7 +349,7 @@ def test_deal_examples():
 
 def test_num_workers_zero_is_one_stream_per_rank():
     split_rows = _ints([5, 6, 7])
-    build = {"epoch": 0, "order": _ints([0, 1, 2]), "split_rows": split_rows,
+    build = {"epoch": 0, "sequence": Pieces.whole(_ints([0, 1, 2]), split_rows),
              "world_size": 2, "even": False}  # fmt: skip
     zero = EpochPlan.first(num_workers=0, **build)
     one = EpochPlan.first(num_workers=1, **build)
@@ -401,8 +362,8 @@ def test_num_workers_zero_is_one_stream_per_rank():
 
 def _left_out(num_splits: int, ranks: int, workers: int, rows_per_split: int, epoch: int = 0):
     plan = EpochPlan.first(
-        epoch=epoch, order=epoch_order(num_splits, 0, epoch, True),
-        split_rows=np.full(num_splits, rows_per_split, dtype=np.int64),
+        epoch=epoch,
+        sequence=Pieces.whole(permutation(num_splits, epoch), np.full(num_splits, rows_per_split)),
         world_size=ranks, num_workers=workers, even=True,
     )  # fmt: skip
     return plan

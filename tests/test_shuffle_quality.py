@@ -176,8 +176,12 @@ def test_shuffled_epoch_delivers_every_row_once(layouts: dict[str, Path], layout
 
 
 @pytest.mark.slow
-def test_shuffled_epoch_with_workers_delivers_every_row_once(layouts: dict[str, Path]) -> None:
-    assert exactly_once(epoch(layouts["many_files"], num_workers=2), TOTAL) is None
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_shuffled_epoch_with_workers_delivers_every_row_once(
+    layouts: dict[str, Path], layout: str
+) -> None:
+    files, rows_per_file, _ = LAYOUTS[layout]
+    assert exactly_once(epoch(layouts[layout], num_workers=2), files * rows_per_file) is None
 
 
 @pytest.mark.slow
@@ -193,8 +197,14 @@ def test_defaults_meet_the_quality_targets(layouts: dict[str, Path], layout: str
 
 
 @pytest.mark.slow
-def test_defaults_with_workers_meet_the_quality_targets(layouts: dict[str, Path]) -> None:
-    defaults_targets(quality(epoch(layouts["many_files"], num_workers=2), ROWS_PER_FILE))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_defaults_with_workers_meet_the_quality_targets(
+    layouts: dict[str, Path], layout: str
+) -> None:
+    """Each worker's share is blocks from all over the data: with one large file, not each
+    worker its half of it (which gave 6 labels a batch at full scale)."""
+    batches = epoch(layouts[layout], num_workers=2)
+    defaults_targets(quality(batches, LAYOUTS[layout][1]), layout)
 
 
 @pytest.mark.slow

@@ -68,8 +68,8 @@ def test_windows_hold_at_most_their_rows_and_blocks_from_many_splits(twelve: Pat
     assert sizes.sum() == 480 and len(sizes) == -(-480 // epochs.window_rows)
     assert sizes.max() <= epochs.window_rows + 8  # at most a block (a row group: 8 rows) over
     files = [len(set(shuffled.window(w)[0].splits.tolist())) for w in range(len(sizes))]
-    # blocks from anywhere in the share (some windows draw two blocks of one file)
-    assert min(files) >= 2 and np.mean(files) > 2.5
+    # blocks from anywhere in the dataset, at random (a window may draw two of one file)
+    assert np.mean(files) > 2.4
 
 
 @pytest.mark.parametrize("budget", [SMALL_BUDGET, 3 * SMALL_BUDGET, 2**20])

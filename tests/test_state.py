@@ -52,7 +52,7 @@ def test_state_schema_mid_epoch(parquet_dir: Path, small_split: int):
     del it
     assert set(state) == KEYS
     assert _builtin_only(state)
-    assert state["version"] == STATE_VERSION == 5
+    assert state["version"] == STATE_VERSION == 6
     assert state["_packing"] is None  # no token packing
     assert (state["epoch"], state["_num_workers"], state["_shuffle_seed"]) == (0, 2, 5)
     assert (state["_shuffle"], state["_split_bytes"]) == (True, small_split)
@@ -242,7 +242,8 @@ def _small_state(**settings: object) -> tuple[DatasetIndex, dict, Settings]:
 
 @pytest.mark.parametrize(
     ("version", "why"),
-    [(1, "row by row"), (2, "mtime or ETag"), (3, "random order"), (4, "consecutive windows")],
+    [(1, "row by row"), (2, "mtime or ETag"), (3, "random order"), (4, "consecutive windows"),
+     (5, "whole splits")],
 )
 def test_old_version_states_are_refused_with_what_to_do(version: int, why: str):
     index, state, settings = _small_state(shuffle=True, window_rows=40)
@@ -260,11 +261,12 @@ def test_old_version_states_are_refused_with_what_to_do(version: int, why: str):
         decode(state, index=index, settings=settings)
 
 
-def test_an_unshuffled_state_of_version_4_still_loads():
-    """Version 5 changed the shuffled order only: an unshuffled version-4 position means the
-    same rows, a shuffled one does not."""
+@pytest.mark.parametrize("version", [4, 5])
+def test_an_unshuffled_state_of_version_4_or_5_still_loads(version: int):
+    """Versions 5 and 6 changed the shuffled order only: an unshuffled position of version 4
+    or 5 means the same rows, a shuffled one does not."""
     index, state, settings = _small_state(shuffle=False)
-    state["version"] = 4
+    state["version"] = version
     assert decode(state, index=index, settings=settings).streams == decode(
         {**state, "version": STATE_VERSION}, index=index, settings=settings
     ).streams

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,8 @@ import pyarrow as pa
 from ._config import DatasetConfig
 from ._errors import InvalidStateError
 from ._index import DatasetIndex
-from ._order import Shuffle, StreamOrder
-from ._plan import EpochPlan, Generation, epoch_order
+from ._order import Shuffle, StreamOrder, shuffled_sequence
+from ._plan import EpochPlan, Generation, Pieces
 from ._state import (
     Decoded,
     Settings,
@@ -149,10 +150,7 @@ class Epochs:
         first = generations[0] if generations else None
         plan = EpochPlan.first(
             epoch=start.epoch,
-            order=epoch_order(
-                len(self.index.splits), self.config.shuffle_seed, start.epoch, self.config.shuffle
-            ),
-            split_rows=self.index.split_rows,
+            sequence=self.sequence(start.epoch),
             world_size=self.world_size if first is None else first.world_size,
             num_workers=num_workers if first is None else first.num_workers,
             even=self.even_batches if first is None else first.even,
@@ -166,6 +164,25 @@ class Epochs:
                 even=self.even_batches if following is None else following.even,
             )
         return plan
+
+    def sequence(self, epoch: int) -> Pieces:
+        """The epoch's sequence (the last one asked for is kept: ``len``, the main process
+        and each forked worker ask for the same one)."""
+        kept = self._sequences.get(epoch)
+        if kept is None:
+            index, config = self.index, self.config
+            kept = (
+                shuffled_sequence(index, self.window_rows, config.shuffle_seed, epoch)
+                if config.shuffle
+                else Pieces.whole(np.arange(len(index.splits), dtype=np.int64), index.split_rows)
+            )
+            self._sequences.clear()
+            self._sequences[epoch] = kept
+        return kept
+
+    @cached_property
+    def _sequences(self) -> dict[int, Pieces]:
+        return {}
 
     def order(self, plan: EpochPlan, stream: int) -> StreamOrder:
         return StreamOrder(index=self.index, plan=plan, stream=stream, shuffle=self.shuffle)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 import os
 import sqlite3
@@ -106,6 +107,21 @@ class DatasetIndex:
     @cached_property
     def split_rows(self) -> npt.NDArray[np.int64]:
         return np.array([s.row_length for s in self.splits], dtype=np.int64)
+
+    def units(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Every unit that has rows, in split order: its split and its first row relative to
+        the split. Splits cover the files' rows front to back on unit boundaries, so a unit's
+        split is found by its row among the splits' (numpy over the units, nothing kept)."""
+        rows = np.fromiter(
+            itertools.chain.from_iterable(f.metadata.unit_rows for f in self.files), np.int64
+        )
+        starts = np.cumsum(rows)
+        starts -= rows
+        starts = starts[rows > 0]
+        del rows
+        split_starts = np.cumsum(self.split_rows) - self.split_rows
+        split = np.searchsorted(split_starts, starts, side="right") - 1
+        return split, starts - split_starts[split]
 
     @cached_property
     def digest(self) -> str:

@@ -32,6 +32,7 @@ from ._schedule import Schedule
 from ._state import (
     STATE_VERSION,
     StreamEntry,
+    check_version,
     decode,
     decode_generation,
     encode_generation,
@@ -284,11 +285,7 @@ def check_shape(state: object) -> None:
             )
         if isinstance(value, int) and value < 0:
             raise InvalidStateError(f"state key {key!r} must be >= 0, got {value}")
-    if state["version"] != STATE_VERSION:
-        raise InvalidStateError(
-            f"unknown state version {state['version']!r}: this library reads version "
-            f"{STATE_VERSION}"
-        )
+    check_version(state["version"], unshuffled=False)
     for number, position in enumerate(state["streams"]):
         if position is not None and (type(position) is not int or position < 0):
             raise InvalidStateError(

@@ -37,6 +37,7 @@ __all__ = [
     "cut_blocks",
     "permutation",
     "permuted",
+    "shuffled_sequence",
 ]
 
 # A window holds about this many blocks when the share needs more than one window: a batch,
@@ -58,6 +59,8 @@ _MIN_PLACES = 24
 # The bijection's multipliers (odd) and the rows it permutes at a time (fits the L2 cache).
 _MULTIPLIERS = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F)
 _CHUNK = 1 << 15
+# A shuffled epoch's sequence is cut into at least about this many blocks (units allowing).
+_SEQUENCE_BLOCKS = 4096
 
 
 def _stream_key(seed: int, epoch: int, tag: str) -> int:
@@ -200,6 +203,36 @@ def cut_blocks(
     ends = np.append(block_piece[1:] != block_piece[:-1], True)
     hi[ends] = pieces.hi[block_piece[ends]]
     return Pieces(pieces.splits[block_piece], lo, hi), nth[first]
+
+
+def shuffled_sequence(index: DatasetIndex, window_rows: int, seed: int, epoch: int) -> Pieces:
+    """A shuffled epoch's sequence: every split cut into blocks on unit boundaries (the units
+    starting in the same ``block_rows`` of the split; a longer unit a block of its own), all
+    in a keyed random order.
+
+    The sequence is dealt to the streams in runs, so a stream's share is blocks from all over
+    the dataset, whatever the number of streams: never a few whole splits (one large file read
+    by two workers: each its half). A block is about 1/64 of a window, and at most 1/4,096 of
+    the dataset, so a share of one window still samples the whole of it.
+    """
+    split, start = index.units()
+    if not len(split):
+        return Pieces.empty()
+    total = int(index.split_rows.sum())
+    block_rows = max(1, min(window_rows // BLOCKS_PER_WINDOW, total // _SEQUENCE_BLOCKS))
+    first = np.ones(len(split), dtype=bool)
+    group = start // block_rows
+    first[1:] = (split[1:] != split[:-1]) | (group[1:] != group[:-1])
+    del group  # the sequence of 10^7 splits is the largest thing a rank plans: keep it lean
+    splits, lo = split[first], start[first]
+    del split, start, first
+    hi = np.empty_like(lo)
+    hi[:-1] = lo[1:]
+    last = np.append(splits[1:] != splits[:-1], True)
+    hi[last] = index.split_rows[splits[last]]
+    order = permutation(len(lo), _stream_key(seed, epoch, "sequence"))
+    order = order[hi[order] > lo[order]]  # a unit of no rows at a split's end
+    return Pieces(splits[order], lo[order], hi[order])
 
 
 def _stratified(count: int, windows: int, key: int) -> IntArray:

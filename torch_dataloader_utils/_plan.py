@@ -1,8 +1,9 @@
-"""Pure planning: cut files into splits, order them per epoch, deal their rows to streams.
+"""Pure planning: cut files into splits, deal an epoch's rows to streams.
 
-Nothing here does I/O; everything is a function of integers, a seed and an epoch.
+Nothing here does I/O; everything is a function of integers.
 
-An epoch's *sequence* is the rows of its splits in the seeded order. A *piece* is a row range of
+An epoch's *sequence* is the rows of its splits: in storage order, or shuffled (blocks of
+every split in a keyed random order, ``_order.shuffled_sequence``). A *piece* is a row range of
 one split, so the sequence is a list of pieces. The sequence is dealt to the
 ``S = world_size * num_workers`` *streams* in contiguous shares that differ by at most one row;
 stream ``g = rank * num_workers + worker``. With ``even`` every rank gets ``N // world_size``
@@ -19,12 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from types import MappingProxyType
 
 import numpy as np
 import numpy.typing as npt
-import xxhash
 
 __all__ = [
     "Deal",
@@ -34,7 +34,6 @@ __all__ = [
     "Pieces",
     "Split",
     "cut_splits",
-    "epoch_order",
     "splitmix64",
 ]
 
@@ -81,6 +80,11 @@ class Pieces:
         """Pieces from ``(split, lo, hi)`` triples."""
         arrays = np.array(items, dtype=np.int64).reshape(-1, 3).T
         return cls(arrays[0], arrays[1], arrays[2])
+
+    @classmethod
+    def whole(cls, splits: IntArray, split_rows: IntArray) -> Pieces:
+        """Splits ``splits``, whole, in that order."""
+        return cls(splits, np.zeros(len(splits), dtype=np.int64), split_rows[splits])
 
     @classmethod
     def concat(cls, parts: Sequence[Pieces]) -> Pieces:
@@ -143,24 +147,6 @@ def cut_splits(
 
 def _split(file: int, first: int, end: int, rows: Sequence[int], offset: int) -> Split:
     return Split(file, range(first, end), offset, sum(rows[first:end]))
-
-
-@lru_cache(maxsize=1)
-def epoch_order(num_splits: int, seed: int, epoch: int, shuffle: bool) -> IntArray:
-    """The epoch's split order: identity, or a permutation keyed by ``(seed, epoch)``.
-
-    The permutation sorts splits by a splitmix64 hash of their index, so it is the same on every
-    platform and numpy version. It is the one O(splits log splits) step of a rank's plan, asked
-    for by ``len``, the main process and each worker in turn, so the last one is kept
-    (read-only; forked workers inherit it).
-    """
-    index = np.arange(num_splits, dtype=np.int64)
-    if shuffle:
-        key = np.uint64(xxhash.xxh64_intdigest(f"{seed}:{epoch}".encode()))
-        index = np.argsort(splitmix64(index.astype(np.uint64) + key), kind="stable")
-        index = index.astype(np.int64, copy=False)
-    index.flags.writeable = False
-    return index
 
 
 def splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -272,14 +258,12 @@ class EpochPlan:
         cls,
         *,
         epoch: int,
-        order: IntArray,
-        split_rows: IntArray,
+        sequence: Pieces,
         world_size: int,
         num_workers: int,
         even: bool,
     ) -> EpochPlan:
         workers = max(1, num_workers)
-        sequence = Pieces(order, np.zeros(len(order), dtype=np.int64), split_rows[order])
         dealt = deal(sequence, world_size=world_size, num_workers=workers, even=even)
         return cls(epoch, world_size, workers, even, dealt)
 

@@ -1,4 +1,4 @@
-"""The checkpoint state: its schema (version 5), how it is written, and how it is validated.
+"""The checkpoint state: its schema (version 6), how it is written, and how it is validated.
 
 A state is plain JSON-safe builtins::
 
@@ -57,6 +57,7 @@ __all__ = [
     "check_same_epoch",
     "check_setting",
     "check_shape",
+    "check_version",
     "decode",
     "decode_generation",
     "encode",
@@ -68,9 +69,9 @@ __all__ = [
     "stored_split",
 ]
 
-STATE_VERSION = 5
-# Version 5 changed only the shuffled order: an unshuffled state of version 4 means the same.
-_SAME_UNSHUFFLED = 4
+STATE_VERSION = 6
+# Versions 5 and 6 changed only the shuffled order: an unshuffled state of 4 or 5 means the same.
+_SAME_UNSHUFFLED = (4, 5)
 
 _KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "version": int, "epoch": int, "_num_workers": int, "_shuffle_seed": int, "_shuffle": bool,
@@ -90,6 +91,8 @@ _OLD_VERSIONS = {
     "window's rows in a random order (the same position means other rows)",
     4: "whose shuffle dealt the parts of a sliced row group to windows at random, where "
     "version 5 deals them to consecutive windows (the same position means other rows)",
+    5: "whose shuffle dealt each stream a run of whole splits, where version 6 deals it blocks "
+    "from all over the dataset (the same position means other rows)",
 }
 ELASTIC_FIELDS = ("world_size", "rank", "num_workers", "even_batches")
 
@@ -298,12 +301,11 @@ def _is_stream(entry: object) -> bool:
     )
 
 
-def check_shape(state: object) -> None:
-    if not isinstance(state, Mapping):
-        raise InvalidStateError(f"a state must be a dict, got {type(state).__name__}")
-    version = state.get("version")
-    if version == _SAME_UNSHUFFLED and state.get("_shuffle") is False and "_mixture" not in state:
-        version = STATE_VERSION
+def check_version(version: object, *, unshuffled: bool) -> None:
+    """Refuse a state of another version, saying why an old one cannot continue its epoch
+    (an ``unshuffled`` one of a version whose unshuffled order is today's is accepted)."""
+    if unshuffled and version in _SAME_UNSHUFFLED:
+        return
     if type(version) is int and version in _OLD_VERSIONS:
         raise InvalidStateError(
             f"this state is version {version}, {_OLD_VERSIONS[version]}; this library reads "
@@ -314,6 +316,14 @@ def check_shape(state: object) -> None:
         raise InvalidStateError(
             f"unknown state version {version!r}: this library reads version {STATE_VERSION}"
         )
+
+
+def check_shape(state: object) -> None:
+    if not isinstance(state, Mapping):
+        raise InvalidStateError(f"a state must be a dict, got {type(state).__name__}")
+    check_version(
+        state.get("version"), unshuffled=state.get("_shuffle") is False and "_mixture" not in state
+    )
     if "_mixture" in state:
         sources = list(state["sources"]) if isinstance(state.get("sources"), dict) else "?"
         raise InvalidStateError(
