@@ -408,3 +408,12 @@ def test_world_validates():
         World(rank=2, world_size=2)
     with pytest.raises(ValueError, match="worker"):
         World(worker=1, num_workers=1)
+
+
+def test_coalesced_joins_the_pieces_that_continue_each_other() -> None:
+    pieces = Pieces.of([(0, 0, 4), (0, 4, 9), (0, 10, 12), (1, 12, 15), (1, 15, 16), (0, 16, 20)])
+    assert _rows_of(pieces.coalesced()) == _rows_of(pieces)
+    joined = pieces.coalesced()
+    triples = zip(joined.splits.tolist(), joined.lo.tolist(), joined.hi.tolist(), strict=True)
+    assert list(triples) == [(0, 0, 9), (0, 10, 12), (1, 12, 16), (0, 16, 20)]
+    assert len(Pieces.empty().coalesced()) == 0

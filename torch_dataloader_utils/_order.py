@@ -1,12 +1,14 @@
-"""Pure: the order in which a shuffled stream delivers the rows of its share.
+"""Pure: a shuffled epoch's sequence, and the order in which a stream delivers its share.
 
-A stream's share (pieces of splits, in the epoch's split order) is cut into *blocks*: runs of
-consecutive small units (row groups / record batches) of about 1/64 of a window, a unit longer
-than 1/24 of a window sliced into near-equal *parts*. The blocks are dealt to ``ceil(rows /
-window_rows)`` *windows*, stratified: each run of as many consecutive units as there are
-windows gives every window the first part of one of them, in a keyed random order, and a
-unit's later parts go to the windows after that one (cyclically). So each window holds blocks
-from all over the share (many splits, at random places inside them), the windows are alike,
+The sequence is every split cut into blocks of units (row groups / record batches) in a keyed
+random order, so a stream's share (a run of it) is blocks from all over the dataset. A stream
+takes its share in storage order and cuts it into *blocks*: runs of consecutive small units of
+about 1/64 of a window, a unit longer than 1/24 of a window sliced into near-equal *parts*. The
+blocks are dealt to ``ceil(rows / window_rows)`` *windows*, stratified: each run of as many
+consecutive units as there are windows gives every window the first part of one of them, in a
+keyed random order, and a unit's later parts go to the windows after that one (cyclically). So
+each window holds blocks from all over the share (many splits, at random places inside them),
+the windows are alike,
 and a sliced unit's parts are needed by consecutive windows, which lets the reader decode it
 once. A window's rows (its blocks in storage order, concatenated) are delivered in a keyed
 random permutation.
@@ -266,6 +268,9 @@ class ShuffledShare:
         window_rows: int,
         key: int,
     ) -> ShuffledShare:
+        # the share in storage order (adjacent blocks of the sequence as one piece), so the
+        # stratified deal makes the windows alike and cuts blocks as if the share were whole
+        share = share.take(np.lexsort((share.lo, share.splits))).coalesced()
         total = share.total
         windows = max(1, -(-total // window_rows), min(_MIN_WINDOWS, total // _SPLIT_ROWS))
         # One window: every row meets every other, blocks do not matter; else enough of them.

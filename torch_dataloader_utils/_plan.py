@@ -94,6 +94,14 @@ class Pieces:
     def take(self, index: slice | IntArray) -> Pieces:
         return Pieces(self.splits[index], self.lo[index], self.hi[index])
 
+    def coalesced(self) -> Pieces:
+        """Runs of pieces that continue each other (one split, one's ``hi`` the next's ``lo``)
+        as one piece each."""
+        first = np.ones(len(self), dtype=bool)
+        first[1:] = (self.splits[1:] != self.splits[:-1]) | (self.lo[1:] != self.hi[:-1])
+        last = np.append(first[1:], True)[: len(self)]
+        return Pieces(self.splits[first], self.lo[first], self.hi[last])
+
     @cached_property
     def ends(self) -> IntArray:
         """Rows of the concatenation up to the end of each piece (computed once)."""

@@ -306,6 +306,7 @@ def _shuffled_chunks(
             for lo in range(max(0, start - begin), rows, _GATHER_ROWS):
                 hi = min(lo + _GATHER_ROWS, rows)
                 yield data.take(index[lo:hi]), begin + hi
+            del data, index  # handed out: let go of it before the next one is read
     finally:
         windows.close()  # type: ignore[attr-defined]
 
@@ -328,6 +329,7 @@ def _read_windows(
             later = (order.window(n)[0] for n in range(number + 1, len(order.ends)))
             window = _read_window(source, blocks, later, carried, map if pool is None else pool.map)
             yield window, permutation(window.num_rows, key), begin
+            del window  # the consumer is done with it: not held while the next one is read
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)  # after an error, the runs not begun are not read
