@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -90,14 +90,24 @@ def permuted(position: int, rows: int, key: int) -> int:
         return position
     bits = (rows - 1).bit_length()
     mask, shift = (1 << bits) - 1, (bits + 1) // 2
-    adds = [_splitmix64_int(key + n) & 0xFFFFFFFF for n in range(len(_MULTIPLIERS))]
+    rounds = _int_rounds(key)
     x = position
     while True:
-        for add, multiplier in zip(adds, _MULTIPLIERS, strict=True):
+        for add, multiplier in rounds:
             x = ((x + add) & mask) * multiplier & mask
             x ^= x >> shift
         if x < rows:
             return x
+
+
+@lru_cache(maxsize=1024)
+def _int_rounds(key: int) -> tuple[tuple[int, int], ...]:
+    """``(add, multiplier)`` of each round keyed by ``key``, as Python ints (a state asks for
+    the same few keys, its streams' windows, at every call)."""
+    return tuple(
+        (_splitmix64_int(key + n) & 0xFFFFFFFF, multiplier)
+        for n, multiplier in enumerate(_MULTIPLIERS)
+    )
 
 
 def _round_keys(key: int | npt.NDArray[np.uint64]) -> list[npt.NDArray[np.uint32]]:
@@ -315,7 +325,7 @@ class ShuffledShare:
         blocks, begin, key = self.window(number)
         row = permuted(position - begin, blocks.total, key)
         block = int(np.searchsorted(blocks.ends, row, side="right"))
-        start = int(blocks.ends[block] - blocks.rows[block])
+        start = int(blocks.ends[block] - blocks.hi[block] + blocks.lo[block])
         return int(blocks.splits[block]), int(blocks.lo[block]) + row - start
 
     def window(self, number: int) -> tuple[Pieces, int, int]:
