@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
+from typing import Any
 
 import _harness
 import numpy as np
@@ -12,7 +14,7 @@ from _orders import stream_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils import StructuredDataset, _stream
 
 # About 23 rows a window on this data (three windows' worth fill the budget).
 SMALL_BUDGET = 4096
@@ -95,6 +97,26 @@ def test_resume_rereads_at_most_one_window(twelve: Path, monkeypatch: pytest.Mon
     read = _harness.count_decoded_rows(monkeypatch, "parquet")
     assert _harness.resume(case, state) == full[25:]
     assert 0 <= sum(rows for _, rows in read) - (480 - 250) < window + 8
+
+
+def test_a_worker_lets_go_of_a_window_before_it_reads_the_next(
+    twelve: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream that does not read ahead (a DataLoader worker) holds the window it reads, not
+    also the one it has handed out (which cost a window of memory more: docs/shuffle.md)."""
+    read, held = _stream._read_window, []
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        assert all(window() is None for window in held), "a handed-out window is still held"
+        window = read(*args, **kwargs)
+        held.append(weakref.ref(window))
+        return window
+
+    monkeypatch.setattr(_stream, "_read_window", checked)  # forked workers inherit it
+    case = {"path": str(twelve), "shuffle": True, "batch_size": 10, "num_workers": 1,
+            "shuffle_memory_bytes": SMALL_BUDGET}  # fmt: skip
+    assert -(-480 // _window_rows(twelve, SMALL_BUDGET)) >= 3
+    assert sorted(_harness.ids(_harness.run_epoch(case))) == list(range(480))
 
 
 @pytest.fixture(scope="module")
