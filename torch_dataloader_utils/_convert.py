@@ -147,6 +147,8 @@ def _columns(batch: pa.RecordBatch) -> list[pa.Array]:
     """``batch.columns``, or ``ValueError`` naming the column of a type that pyarrow has no
     Python class for (intervals of months, or of days and milliseconds: a bare ``KeyError``
     from inside pyarrow)."""
+    with contextlib.suppress(KeyError):  # found and named column by column below
+        return list(batch.columns)
     columns = []
     for i, field in enumerate(batch.schema):
         try:
@@ -198,6 +200,10 @@ def _fixed_bytes(kind: pa.DataType) -> int:
 def _tensor(array: pa.Array | np.ndarray, name: str, copy: bool, nested: bool = True) -> Any:
     if isinstance(array, np.ndarray):  # a plain column of gathered rows
         return torch.from_numpy(array)
+    kind = array.type
+    if not array.null_count and (pat.is_integer(kind) or pat.is_floating(kind)):
+        tensor = from_dlpack(array)  # most columns: straight to their buffer, nothing to check
+        return tensor.clone() if copy else tensor
     array = _decoded(array)
     parts = _list_parts(array, name)
     if parts is not None:

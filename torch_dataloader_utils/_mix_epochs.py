@@ -199,6 +199,9 @@ class MixedProgress:
     _entries: dict[int, tuple[int, list[tuple[int, list[Any] | None]]]] = field(
         default_factory=dict, repr=False
     )
+    # per worker stream: its epoch's positions and its phases (asked for at every chunk read)
+    _lengths: dict[int, int] = field(default_factory=dict, repr=False)
+    _kept_phases: dict[int, tuple[Phase, ...]] = field(default_factory=dict, repr=False)
 
     def record(self, worker: int, position: int, cursor: int) -> None:
         self.positions[worker] = position
@@ -209,7 +212,10 @@ class MixedProgress:
 
     def length(self, worker: int) -> int:
         """Positions of an epoch for stream ``worker`` (the segment's own may differ)."""
-        return int(self.mix.epoch_lengths(self.num_workers)[self.stream(worker)])
+        if worker not in self._lengths:
+            lengths = self.mix.epoch_lengths(self.num_workers)
+            self._lengths[worker] = int(lengths[self.stream(worker)])
+        return self._lengths[worker]
 
     def shares(self, worker: int) -> tuple[int, ...]:
         """Rows of one epoch of each source of the timeline that stream ``worker`` reads (0:
@@ -221,7 +227,9 @@ class MixedProgress:
         )
 
     def _phases(self, worker: int) -> tuple[Phase, ...]:
-        return self.mix.timeline.phases(worker, self.shares(worker))
+        if worker not in self._kept_phases:
+            self._kept_phases[worker] = self.mix.timeline.phases(worker, self.shares(worker))
+        return self._kept_phases[worker]
 
     def _offset(self, worker: int, position: int) -> int:
         return self.mix.timeline.offset(self.length(worker), worker, self.epoch, position)

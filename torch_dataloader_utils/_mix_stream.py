@@ -22,6 +22,9 @@ __all__ = ["MixedSource"]
 
 # Mixed positions assembled at a time (at least a batch): one gather of every column per chunk.
 _MIX_ROWS = 16_384
+# Up to this many sources, a source's places are found by a comparison each (cheaper than
+# numpy's stable argsort of the source ids, 17 ns a position).
+_FEW_SOURCES = 8
 # Chunks without a token a packed source may read in a row before it is refused.
 _MAX_EMPTY_CHUNKS = 1000
 
@@ -70,10 +73,10 @@ class MixedSource:
             _Feed(self, s, int(n), min_rows, read_ahead)
             for s, n in enumerate(progress.counts(self.worker, start).tolist())
         ]
-        step = self.read_rows(min_rows)
+        step, total = self.read_rows(min_rows), self.total
         try:
-            for lo in range(start, self.total, step):
-                hi = min(lo + step, self.total)
+            for lo in range(start, total, step):
+                hi = min(lo + step, total)
                 ids = progress.sources(self.worker, lo, hi)
                 counts = np.bincount(ids, minlength=len(feeds))
                 parts = [feed.take(int(n)) for feed, n in zip(feeds, counts, strict=True)]
@@ -248,7 +251,11 @@ def _interleaved(
         joined = batches[0]
     else:
         # the output places of each source's rows, in order: source 0's, then source 1's, ...
-        places = np.argsort(ids, kind="stable")
+        places = (
+            np.concatenate([np.flatnonzero(ids == s) for s in range(len(parts))])
+            if len(parts) <= _FEW_SOURCES
+            else np.argsort(ids, kind="stable")
+        )
         joined = pa.RecordBatch.from_arrays(
             [
                 _column([b.column(c) for b in batches], places)
