@@ -20,6 +20,7 @@ job recomputes it from ``(shuffle_seed, epoch, files, settings)`` without commun
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
@@ -315,16 +316,20 @@ class ShuffledShare:
 
     def window_at(self, position: int) -> int:
         """The window holding stream row ``position`` (the last one at the end)."""
-        return max(
-            0, min(int(np.searchsorted(self.ends, position, side="right")), len(self.ends) - 1)
-        )
+        return max(0, min(bisect.bisect_right(self._ends, position), len(self._ends) - 1))
+
+    @cached_property
+    def _ends(self) -> list[int]:
+        """``ends`` as ints: a state looks a row up in them at every call."""
+        ends: list[int] = self.ends.tolist()
+        return ends
 
     def row_at(self, position: int) -> tuple[int, int]:
         """The split, and its row, delivered as stream row ``position``."""
         number = self.window_at(position)
         blocks, begin, key = self.window(number)
         row = permuted(position - begin, blocks.total, key)
-        block = int(np.searchsorted(blocks.ends, row, side="right"))
+        block = int(blocks.ends.searchsorted(row, side="right"))
         start = int(blocks.ends[block] - blocks.hi[block] + blocks.lo[block])
         return int(blocks.splits[block]), int(blocks.lo[block]) + row - start
 

@@ -124,9 +124,9 @@ class Pieces:
         keep = hi > lo
         return Pieces(part.splits[keep], lo[keep], hi[keep])
 
-    @property
+    @cached_property
     def total(self) -> int:
-        """Rows of the concatenation."""
+        """Rows of the concatenation (computed once)."""
         return int(self.ends[-1]) if len(self) else 0
 
 
