@@ -8,10 +8,9 @@ blocks are dealt to ``ceil(rows / window_rows)`` *windows*, stratified: each run
 consecutive units as there are windows gives every window the first part of one of them, in a
 keyed random order, and a unit's later parts go to the windows after that one (cyclically). So
 each window holds blocks from all over the share (many splits, at random places inside them),
-the windows are alike,
-and a sliced unit's parts are needed by consecutive windows, which lets the reader decode it
-once. A window's rows (its blocks in storage order, concatenated) are delivered in a keyed
-random permutation.
+the windows are alike, and a sliced unit's parts are needed by consecutive windows, which lets
+the reader decode it once. A window's rows (its blocks in storage order, concatenated) are
+delivered in a keyed random permutation.
 
 Everything is integer arithmetic of our own (xxhash, splitmix64, a multiply-xorshift bijection),
 so every platform and numpy version computes the same order, and every worker, rank and resumed
@@ -244,7 +243,6 @@ def shuffled_sequence(index: DatasetIndex, window_rows: int, seed: int, epoch: i
     last = np.append(splits[1:] != splits[:-1], True)
     hi[last] = index.split_rows[splits[last]]
     order = permutation(len(lo), _stream_key(seed, epoch, "sequence"))
-    order = order[hi[order] > lo[order]]  # a unit of no rows at a split's end
     return Pieces(splits[order], lo[order], hi[order])
 
 
