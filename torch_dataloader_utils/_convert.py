@@ -202,8 +202,7 @@ def _tensor(array: pa.Array | np.ndarray, name: str, copy: bool, nested: bool = 
         return torch.from_numpy(array)
     kind = array.type
     if not array.null_count and (pat.is_integer(kind) or pat.is_floating(kind)):
-        tensor = from_dlpack(array)  # most columns: straight to their buffer, nothing to check
-        return tensor.clone() if copy else tensor
+        return _shared(array, (len(array),), copy)  # most columns: nothing else to check
     array = _decoded(array)
     parts = _list_parts(array, name)
     if parts is not None:
@@ -218,6 +217,12 @@ def _tensor(array: pa.Array | np.ndarray, name: str, copy: bool, nested: bool = 
     values, shape = flat
     if values.null_count or pat.is_boolean(values.type):  # NaN-filled or unpacked: a new array
         return torch.from_numpy(values.to_numpy(zero_copy_only=False).reshape(shape))
+    return _shared(values, shape, copy)
+
+
+def _shared(values: pa.Array, shape: tuple[int, ...], copy: bool) -> torch.Tensor:
+    """A tensor of ``values`` (a primitive array without nulls) in ``shape``: a view of
+    Arrow's buffer (DLPack), or a copy of it."""
     tensor = from_dlpack(values)
     if len(shape) > 1:
         tensor = tensor.reshape(shape)
