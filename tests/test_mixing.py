@@ -31,6 +31,7 @@ from torch_dataloader_utils import (
 )
 from torch_dataloader_utils._epoch import Start
 from torch_dataloader_utils._mix_state import encode_mixture
+from torch_dataloader_utils._mix_stream import _interleaved
 from torch_dataloader_utils._schedule import MAX_PERIOD, Schedule
 
 # Source s holds ids s * _SPAN + [0, rows): a row's id tells its source and row.
@@ -1046,3 +1047,24 @@ def test_a_chain_of_elastic_resumes_through_the_loaders(
         states = saved
     assert max(Counter(seen).values(), default=1) == 1
     assert epoch_size - len(seen) < sum(w for w, _ in worlds)  # fewer than world_size a deal
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 12), st.data())
+def test_interleaving_puts_every_source_row_at_its_schedule_place(sources: int, data) -> None:
+    """Few sources are placed by a comparison each, more by a stable sort: the same result,
+    each source's rows in order at the positions the schedule gives it."""
+    ids = np.array(data.draw(st.lists(st.integers(0, sources - 1), min_size=1, max_size=200)),
+                   dtype=np.int16)  # fmt: skip
+    parts = []
+    for s in range(sources):
+        n = int((ids == s).sum())
+        values = np.arange(n, dtype=np.int64) + 1000 * s
+        parts.append([pa.record_batch({"v": values, "f": values.astype(np.float32)})])
+    mixed = _interleaved(parts, ids, "source")
+    expected = np.empty(len(ids), dtype=np.int64)
+    for s in range(sources):
+        expected[ids == s] = np.arange(int((ids == s).sum())) + 1000 * s
+    assert mixed.column("v").to_numpy().tolist() == expected.tolist()
+    assert mixed.column("f").to_numpy().tolist() == expected.astype(np.float32).tolist()
+    assert mixed.column("source").to_numpy().tolist() == ids.tolist()
