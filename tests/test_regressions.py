@@ -97,6 +97,43 @@ def test_abandoned_prefetch_leaves_no_thread_behind():
     assert _prefetch_threads() == 0
 
 
+def test_a_producer_closes_its_items_when_the_consumer_goes():
+    """The clean-up of what a producer runs (a nested read-ahead, a thread pool) happens when
+    the consumer goes, not whenever the generator is collected."""
+    closed = threading.Event()
+
+    def items():
+        try:
+            yield from range(10)
+        finally:
+            closed.set()
+
+    source = items()  # held here: garbage collection would not close it
+    consumer = prefetch(source, depth=1)
+    next(consumer)
+    consumer.close()
+    assert closed.wait(5)
+
+
+def test_prefetch_tells_its_producer_when_the_consumer_waited():
+    waited, go = threading.Event(), threading.Event()
+
+    def items():
+        go.wait(5)
+        yield 1
+        yield 2
+
+    consumer = prefetch(items(), depth=2, waited=waited)
+    threading.Timer(0.2, go.set).start()
+    assert next(consumer) == 1
+    assert waited.is_set()  # the producer was slower
+    waited.clear()
+    time.sleep(0.2)  # item 2 is ready by now
+    assert next(consumer) == 2
+    assert not waited.is_set()
+    consumer.close()
+
+
 def test_an_iterator_abandoned_in_a_cycle_leaves_no_reader_running_at_exit(tmp_path: Path):
     """An error mid-epoch left the iterator in a reference cycle, freed only during interpreter
     finalization; its producer thread then died inside pyarrow's C++ and the process aborted

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,34 @@ def test_a_worker_lets_go_of_a_window_before_it_reads_the_next(
             "shuffle_memory_bytes": SMALL_BUDGET}  # fmt: skip
     assert -(-480 // _window_rows(twelve, SMALL_BUDGET)) >= 3
     assert sorted(_harness.ids(_harness.run_epoch(case))) == list(range(480))
+
+
+def test_two_threads_decode_a_window_only_after_the_consumer_waited(
+    twelve: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without workers, a second decode thread is worth it only when the consumer is the
+    faster side (it waited for the window before); otherwise it slows every thread."""
+    read, pooled = _stream._read_window, []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        pooled.append(args[-1] is not map)
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(_stream, "_read_window", recorded)
+    dataset = StructuredDataset(str(twelve), shuffle=True, shuffle_memory_bytes=SMALL_BUDGET)
+    progress = dataset._epochs.begin(dataset._start, 0)
+    source = dataset._reader(progress, 0).source
+    order = source.order.shuffled
+    waited = threading.Event()
+    waited.set()
+    windows = _stream._read_windows(source, order, 0, 2, waited)
+    next(windows)  # the first window: the consumer waits for it
+    next(windows)  # nobody said the consumer waited for the first
+    waited.set()
+    next(windows)
+    windows.close()
+    assert pooled == [True, False, True]
+    assert not waited.is_set()
 
 
 @pytest.fixture(scope="module")

@@ -24,11 +24,12 @@ _EXIT_JOIN_SECONDS = 30.0  # per producer: at most one item being read when the 
 _running: set[tuple[threading.Event, threading.Thread]] = set()
 
 
-def prefetch(items: Iterator[T], depth: int) -> Iterator[T]:
+def prefetch(items: Iterator[T], depth: int, waited: threading.Event | None = None) -> Iterator[T]:
     """Run ``items`` in a background thread, ``depth`` ahead; errors re-raise in the consumer.
 
     Arrow decoding releases the GIL, so the next chunks decode while the consumer converts
-    and trains on the current one.
+    and trains on the current one. ``waited`` is set whenever the consumer finds no item
+    ready (the producer is the slower side), for the producer to see.
     """
     buffer: queue.Queue[Any] = queue.Queue(depth)
     stop = threading.Event()
@@ -52,6 +53,8 @@ def prefetch(items: Iterator[T], depth: int) -> Iterator[T]:
         except BaseException as exc:  # re-raised in the consumer thread
             put((_END, exc))
         finally:
+            if hasattr(items, "close"):  # a generator's own clean-up (its read-ahead) now
+                items.close()
             _running.discard(producer)
 
     thread = threading.Thread(target=produce, name="tdu-prefetch", daemon=True)
@@ -60,6 +63,8 @@ def prefetch(items: Iterator[T], depth: int) -> Iterator[T]:
     thread.start()
     try:
         while True:
+            if waited is not None and buffer.empty():
+                waited.set()
             item, error = buffer.get()
             if error is not None:
                 raise error
