@@ -28,8 +28,9 @@ the same run, with its target and whether it is met:
    start included), shuffled, beside unshuffled (≤ 1 s); and after a resume at 90 % vs at 0 % of
    the epoch (≤ 1.5x), the resumed epoch checked row for row;
 6. **memory**: peak RSS (``VmHWM``) per worker, ``num_workers=2``, persistent workers, unshuffled
-   beside shuffled with the default budget and with the binding one, each case in a new
-   interpreter (workers are forked, so they count the pages of the process they fork from).
+   beside shuffled with the default budget and with the binding one, ``main`` and ``tokens``,
+   each case in a new interpreter (workers are forked, so they count the pages of the process
+   they fork from).
 
 Every epoch of ours is checked: its ids are exactly the dataset's (packed: the token count and
 sum); the script exits non-zero otherwise. Targets are reported, not enforced.
@@ -497,9 +498,17 @@ def worker_peaks(data: Data, workers: int, **options: Any) -> list[int]:
     return peaks
 
 
-def run_memory(data: Data, verdicts: Verdicts) -> dict[str, Any]:
+def run_memory(datas: dict[str, Data], verdicts: Verdicts) -> dict[str, Any]:
     workers = max(WORKERS)
     print(f"\n6. memory: peak RSS (VmHWM) per worker, num_workers={workers}, persistent workers:")
+    out: dict[str, Any] = {}
+    for layout in ("main", "tokens"):
+        out[layout] = memory_cases(datas[layout], layout, workers, verdicts)
+    return out
+
+
+def memory_cases(data: Data, layout: str, workers: int, verdicts: Verdicts) -> dict[str, Any]:
+    """Peaks of ``layout`` unshuffled, shuffled and (with a budget) shuffled at 1/16."""
     cases: dict[str, dict[str, Any]] = {"unshuffled": {"shuffle": False}, "shuffled": {}}
     default = default_budget()
     if has_budget():
@@ -515,9 +524,10 @@ def run_memory(data: Data, verdicts: Verdicts) -> dict[str, Any]:
         extra = max(out[name], default=0) - base
         peaks = ", ".join(f"{p / 2**20:.0f}" for p in out[name]) or "none found"
         beside = f"; budget {budget / 2**20:.1f} MiB" if budget else ""
-        print(f"  {name:<24} {peaks} MiB   ({extra / 2**20:+.0f} MiB over unshuffled{beside})")
+        label = f"{layout} {name}"
+        print(f"  {label:<31} {peaks} MiB   ({extra / 2**20:+.0f} MiB over unshuffled{beside})")
         if budget and name != "unshuffled":
-            verdicts.add(f"memory {name} w{workers}", f"{extra / 2**20:+.0f} MiB",
+            verdicts.add(f"memory {label} w{workers}", f"{extra / 2**20:+.0f} MiB",
                          f"unshuffled {base / 2**20:.0f} MiB", f"≤ budget {budget / 2**20:.1f} "
                          f"MiB + docs", extra <= budget)  # fmt: skip
     return out
@@ -537,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
           f"; machine: {machine_note()}")  # fmt: skip
     verdicts = Verdicts()
     parts: dict[str, Callable[[], Any]] = {
-        "memory": lambda: run_memory(datas["main"], verdicts),
+        "memory": lambda: run_memory(datas, verdicts),
         "quality": lambda: run_quality(args, datas["main"], verdicts),
         "budget": lambda: run_budget(datas["main"], verdicts),
         "layouts": lambda: run_layouts(datas, verdicts),

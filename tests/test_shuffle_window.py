@@ -185,6 +185,28 @@ def test_sliced_row_groups_are_decoded_about_once(
     assert sum(rows for _, rows in read) <= 1.4 * 24_000
 
 
+@pytest.mark.parametrize("window", [1500, 4000])
+def test_parts_carried_for_later_windows_keep_at_most_twice_their_bytes(
+    long_groups: Path, window: int
+) -> None:
+    """A part carried for a later window is a slice of a decoded chunk; kept as a slice it
+    would keep the whole chunk in memory until its window is read (docs/shuffle.md)."""
+    budget = _budget(long_groups, window)
+    dataset = StructuredDataset(
+        str(long_groups), shuffle=True, split_bytes=10**9, shuffle_memory_bytes=budget
+    )
+    progress = dataset._epochs.begin(dataset._start, 0)
+    source = dataset._reader(progress, 0).source
+    order = source.order.shuffled
+    carried: dict = {}
+    later = (order.window(n)[0] for n in range(1, len(order.ends)))
+    first = _stream._read_window(source, order.window(0)[0], later, carried, map)
+    assert first.num_rows == order.window(0)[0].total
+    columns = [column for parts in carried.values() for part in parts for column in part.columns]
+    assert columns  # row groups are sliced: parts of them wait for later windows
+    assert all(column.get_total_buffer_size() <= 2 * column.nbytes for column in columns)
+
+
 @settings(max_examples=12, deadline=None)
 @given(
     window=st.integers(500, 12_000),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torch_dataloader_utils._convert import convert
-from torch_dataloader_utils._window import Window
+from torch_dataloader_utils._window import Window, owned
 
 
 def _batch(rows: int) -> pa.RecordBatch:
@@ -28,11 +28,21 @@ def _batch(rows: int) -> pa.RecordBatch:
     })  # fmt: skip
 
 
+def _window(parts: list[pa.RecordBatch], order: list[int] | None = None) -> Window:
+    """A window of ``parts`` one after another, put in ``order`` (default: in turn)."""
+    firsts = np.cumsum([0] + [part.num_rows for part in parts]).tolist()
+    window = Window(firsts[-1])
+    for number in order or range(len(parts)):
+        window.put(firsts[number], parts[number])
+    window.finish()
+    return window
+
+
 def test_take_is_arrows_take_over_parts() -> None:
     batch = _batch(100)
     parts = [batch.slice(0, 7), batch.slice(7, 50), batch.slice(57)]
     index = np.random.default_rng(1).permutation(100)
-    rows = Window(parts).take(index)
+    rows = _window(parts, order=[2, 0, 1]).take(index)
     assert rows.batch().equals(batch.take(pa.array(index)))
     assert rows.slice(10, 25).batch().equals(batch.take(pa.array(index[10:35])))
     assert rows.slice(90).num_rows == 10
@@ -40,16 +50,49 @@ def test_take_is_arrows_take_over_parts() -> None:
 
 def test_without_plain_columns() -> None:
     batch = _batch(10).select(["text", "nulls"])
-    rows = Window([batch]).take(np.array([3, 1]))
+    rows = _window([batch]).take(np.array([3, 1]))
     assert rows.records is None
     assert rows.batch().equals(batch.take(pa.array([3, 1])))
+
+
+def test_a_column_of_numbers_is_plain_until_a_part_brings_nulls() -> None:
+    batch = pa.record_batch({
+        "id": pa.array(np.arange(30, dtype=np.int64)),
+        "late": pa.array([float(i) for i in range(20)] + [None] * 5 + [1.5] * 5),
+    })  # fmt: skip
+    parts = [batch.slice(0, 10), batch.slice(10, 10), batch.slice(20, 10)]
+    index = np.random.default_rng(3).permutation(30)
+    for order in ([0, 1, 2], [2, 1, 0], [1, 2, 0]):
+        window = _window(parts, order)
+        assert window.take(index).batch().equals(batch.take(pa.array(index)))
+        assert sorted(window.take(index).others) == [1]  # "late" is no longer a record field
+
+
+def test_a_small_slice_is_copied_out_of_the_buffers_it_would_keep() -> None:
+    whole = pa.array(np.arange(100_000, dtype=np.int64))
+    assert owned(whole) is whole
+    most = whole.slice(1_000, 60_000)
+    assert owned(most) is most
+    small = owned(whole.slice(10, 100))
+    assert small.equals(whole.slice(10, 100))
+    assert small.get_total_buffer_size() <= 2 * small.nbytes
+    lists = pa.array([[1, 2, 3]] * 10_000, pa.list_(pa.int32())).slice(5, 10)
+    assert owned(lists).equals(lists)
+    assert owned(lists).get_total_buffer_size() <= 2 * owned(lists).nbytes
+
+
+def test_a_window_with_rows_missing_is_refused() -> None:
+    window = Window(20)
+    window.put(0, _batch(10))
+    with pytest.raises(RuntimeError, match="20 rows was given 10"):
+        window.finish()
 
 
 @pytest.mark.parametrize("output", ["torch", "numpy", "arrow"])
 def test_converted_rows_equal_converted_batch(output: str) -> None:
     batch = _batch(40).drop_columns(["nulls", "flag", "holes"])  # no tensor form
     index = np.random.default_rng(2).permutation(40)[:30]
-    rows = Window([batch.slice(0, 13), batch.slice(13)]).take(index)
+    rows = _window([batch.slice(0, 13), batch.slice(13)]).take(index)
     got = convert(rows, output, copy=False, nested=False)
     want = convert(batch.take(pa.array(index)), output, copy=False, nested=False)
     if output == "arrow":

@@ -31,7 +31,7 @@ from ._prefetch import prefetch
 from ._remote import WINDOW, Group, Key, PieceReads, ReadAhead, RemoteObject, plan_groups
 from ._storage import Storage
 from ._tokens import TokenPacking, pack_tokens
-from ._window import Rows, Window
+from ._window import Rows, Window, owned
 
 __all__ = [
     "Chunk",
@@ -56,7 +56,7 @@ _READ_BYTES = 4 * 2**20
 _MAX_READ_ROWS = 65_536
 # Bytes a window's run of blocks fetches at a time, at least (one GET per group).
 _MIN_LANE_BYTES = 2**20
-# Rows gathered from a shuffle window at a time (at least a batch).
+# Rows gathered from a shuffle window at a time, at most (and at most a chunk read in order).
 _GATHER_ROWS = 16_384
 # Windows ahead whose parts of a unit a window's read carries (their rows: one window's).
 _CARRY_WINDOWS = 8
@@ -245,7 +245,8 @@ def _chunks(
     if source.order.plan.previous is not None:
         return _rest_chunks(source, start, read_rows, read_ahead)
     if source.order.shuffled is not None:
-        return _shuffled_chunks(source, source.order.shuffled, start, read_ahead)
+        gather_rows = min(read_rows, _GATHER_ROWS)
+        return _shuffled_chunks(source, source.order.shuffled, start, gather_rows, read_ahead)
     return _ordered_chunks(source, start, read_rows)
 
 
@@ -291,10 +292,11 @@ def _rest_chunks(
 
 
 def _shuffled_chunks(
-    source: StreamSource, order: ShuffledShare, start: Position, read_ahead: int
+    source: StreamSource, order: ShuffledShare, start: Position, gather_rows: int, read_ahead: int
 ) -> Iterator[tuple[Chunk, int]]:
     """A shuffled share from ``start``: each window read whole, then handed out in its keyed
-    permutation; with ``read_ahead`` the next window is read in a thread meanwhile."""
+    permutation, ``gather_rows`` at a time; with ``read_ahead`` the next window is read in a
+    thread meanwhile."""
     # Where the stream reads ahead (the main process), a window the consumer waited for makes
     # two threads decode the next; a DataLoader worker is one of several processes sharing
     # the cores already.
@@ -309,8 +311,8 @@ def _shuffled_chunks(
     try:
         for data, index, begin in windows:
             rows = data.num_rows
-            for lo in range(max(0, start - begin), rows, _GATHER_ROWS):
-                hi = min(lo + _GATHER_ROWS, rows)
+            for lo in range(max(0, start - begin), rows, gather_rows):
+                hi = min(lo + gather_rows, rows)
                 yield data.take(index[lo:hi]), begin + hi
             del data, index  # handed out: let go of it before the next one is read
     finally:
@@ -360,15 +362,27 @@ def _read_window(
     parts of the units they slice not carried yet (nearest window first, while all that is
     carried for later windows stays within the window's rows): blocks of one unit and
     adjacent blocks are read as one run, so a unit is decoded at most once for the
-    consecutive windows its parts were dealt to; the rows between them are dropped.
+    consecutive windows its parts were dealt to; the rows between them are dropped. Each run
+    is put into the window as it is decoded, and let go of.
     """
     unit_starts = source.index.unit_starts
     keys = list(zip(blocks.splits.tolist(), blocks.lo.tolist(), strict=True))
-    mine = set(keys)
-    held = sum(p.num_rows for k, parts in carried.items() if k not in mine for p in parts)
+    rows = (blocks.hi - blocks.lo).tolist()
+    first_row = dict(zip(keys, itertools.accumulate(rows, initial=0), strict=False))
+    held = sum(p.num_rows for k, parts in carried.items() if k not in first_row for p in parts)
     wanted, later = _not_in(blocks, carried), (_not_in(w, carried) for w in later)
     reads = _with_later_parts(wanted, later, source.index, int(blocks.total) - held)
     runs, run_of = _runs_of(reads, unit_starts)
+    window = Window(int(blocks.total))
+
+    def put(key: tuple[int, int], parts: list[pa.RecordBatch]) -> None:
+        row = first_row[key]
+        for part in parts:
+            window.put(row, part)
+            row += part.num_rows
+
+    for key in [key for key in keys if key in carried]:
+        put(key, carried.pop(key))
     opener = _Opener(source, runs, 0, 0)
     lane_bytes, read_rows = source.lane_bytes(), source.read_rows(1)
 
@@ -380,9 +394,15 @@ def _read_window(
     for run, chunks in enumerate(runs_map(decoded, range(len(runs)))):
         start = int(runs.lo[run])
         for block in np.flatnonzero(run_of == run).tolist():
-            lo, hi = int(reads.lo[block]), int(reads.hi[block])
-            carried[int(reads.splits[block]), lo] = _sliced(chunks, lo - start, hi - start)
-    return Window([part for k in keys for part in carried.pop(k)])
+            key = int(reads.splits[block]), int(reads.lo[block])
+            lo, hi = key[1] - start, int(reads.hi[block]) - start
+            if key in first_row:
+                put(key, _sliced(chunks, lo, hi))
+            else:  # a later window's part
+                carried[key] = _sliced(chunks, lo, hi, own=True)
+        del chunks  # put or carried: the next run is decoded without them
+    window.finish()
+    return window
 
 
 def _not_in(blocks: Pieces, carried: _Carried) -> Pieces:
@@ -425,13 +445,22 @@ def _units_of(blocks: Pieces, index: DatasetIndex) -> list[tuple[tuple[int, int]
     return out
 
 
-def _sliced(chunks: list[pa.RecordBatch], lo: int, hi: int) -> list[pa.RecordBatch]:
-    """Rows ``[lo, hi)`` of ``chunks`` laid end to end, as slices of them (no copy)."""
+def _sliced(
+    chunks: list[pa.RecordBatch], lo: int, hi: int, *, own: bool = False
+) -> list[pa.RecordBatch]:
+    """Rows ``[lo, hi)`` of ``chunks`` laid end to end, as slices of them (no copy); with
+    ``own``, a slice of less than half its chunk is copied into buffers of its own (a slice
+    keeps its whole chunk in memory: a part carried for a later window holds at most twice
+    its rows)."""
     out, first = [], 0
     for chunk in chunks:
         a, b = max(lo - first, 0), min(hi - first, chunk.num_rows)
         if a < b:
-            out.append(chunk.slice(a, b - a))
+            part = chunk.slice(a, b - a)
+            if own:
+                columns = [owned(column) for column in part.columns]
+                part = pa.RecordBatch.from_arrays(columns, schema=part.schema)
+            out.append(part)
         first += chunk.num_rows
     return out
 

@@ -3,11 +3,12 @@
 A window is larger than the CPU caches, so a random gather pays a cache miss per value it
 reads: per column, one a row. Plain numeric columns without nulls (most of a training table)
 are therefore held row-major, one record per row, and a gather copies whole records: one or
-two cache lines a row, whatever the number of columns. Filling the records is the one copy a
-window's parts needed anyway to become one block. Lists of plain numbers (token ids) are
-held as their values and offsets and gathered by numpy, a thousand rows at a time (the
-source index of each value fits in cache: 1.6x as fast as Arrow's ``take``). The other
-columns (strings, booleans, nulls, ...) stay Arrow arrays, gathered by Arrow's ``take``.
+two cache lines a row, whatever the number of columns. Filling the records, part by part as
+they are decoded, is the one copy a window's parts needed anyway to become one block. Lists
+of plain numbers (token ids) are held as their values and offsets and gathered by numpy, a
+thousand rows at a time (the source index of each value fits in cache: 1.6x as fast as
+Arrow's ``take``). The other columns (strings, booleans, nulls, ...) stay Arrow arrays,
+gathered by Arrow's ``take``.
 
 Gathered rows (:class:`Rows`) are cut into columns by the next copy: into new arrays
 (``Rows.batch``), or, in a DataLoader worker, straight into its shared-memory slot (the plain
@@ -17,7 +18,6 @@ columns are strided views of the records, which that copy reads).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,47 +25,83 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.types as pat
 
-__all__ = ["Rows", "Window"]
+__all__ = ["Rows", "Window", "owned"]
 
 # Rows of a list column gathered at a time (their values' source index stays in cache).
 _LIST_ROWS = 1024
 
 
 class Window:
-    """The rows of ``parts`` (record batches of one schema, at least one) one after another.
+    """A window of ``num_rows`` rows, filled part by part (``put``) in any order, then
+    ``finish``-ed; every row is put once.
 
-    ``parts`` is emptied as they are copied, each part let go of once its rows are in: the
-    window's assembly holds about its rows once (its copy growing as its parts go), not twice.
+    A part's plain columns are copied into the records as it is put, so the reader lets go of
+    what it decoded run by run (the window never holds its rows twice); a part's other columns
+    are held until ``finish`` makes them one block. A column of numbers is plain until a part
+    brings nulls in it: the rows put so far are copied out of the records, and the column is
+    held as the others from then on.
     """
 
-    def __init__(self, parts: list[pa.RecordBatch]) -> None:
-        self.schema = schema = parts[0].schema
-        self.num_rows = sum(part.num_rows for part in parts)
-        every = range(len(schema))
-        plain = [i for i in every if _is_plain(schema.field(i).type, parts, i)]
-        lists = [
-            i
-            for i in every
-            if _is_number_list(schema.field(i).type, [part.column(i) for part in parts])
+    def __init__(self, num_rows: int) -> None:
+        self.num_rows = num_rows
+        self.schema = pa.schema([])
+        self._plain: list[int] = []
+        self._dtype = np.dtype([])
+        self._records = np.empty(0, dtype=self._dtype)
+        self._held: dict[int, list[tuple[int, pa.Array]]] = {}
+        self._puts: list[tuple[int, int]] = []  # (first row, rows) of every part put
+        self._lists: dict[int, _Lists] = {}
+        self._others: dict[int, pa.Array] = {}
+
+    def put(self, row: int, part: pa.RecordBatch) -> None:
+        """``part``'s rows as the window's rows ``row, row + 1, ...``."""
+        if not self._puts:  # the first part: the columns' layout
+            self.schema = part.schema
+            every = range(len(part.schema))
+            self._plain = [i for i in every if _is_number(part.schema.field(i).type)]
+            self._dtype = _record_dtype(part.schema, self._plain)
+            self._records = _pooled(self.num_rows, self._dtype)
+            self._held = {i: [] for i in every if i not in self._plain}
+        for i in [i for i in self._plain if part.column(i).null_count]:
+            self._hold(i)
+        for i in self._plain:
+            self._records[f"c{i}"][row : row + part.num_rows] = _numbers(part.column(i))
+        for i, held in self._held.items():
+            held.append((row, owned(part.column(i))))
+        self._puts.append((row, part.num_rows))
+
+    def finish(self) -> None:
+        """Make the held columns one block each (once every row is put)."""
+        put = sum(rows for _, rows in self._puts)
+        if put != self.num_rows:  # a reader's bug: never hand out a window with holes
+            raise RuntimeError(f"a shuffle window of {self.num_rows} rows was given {put}")
+        for i in list(self._held):
+            arrays = [array for _, array in sorted(self._held.pop(i), key=lambda held: held[0])]
+            if not _is_number_list(self.schema.field(i).type, arrays):
+                self._others[i] = pa.concat_arrays(arrays)
+                continue
+            lists = self._lists[i] = _Lists.filling(arrays)
+            row = 0
+            arrays.reverse()
+            while arrays:  # each let go of once copied: the column is not held twice
+                array = arrays.pop()
+                lists.put(row, array)
+                row += len(array)
+
+    def _hold(self, column: int) -> None:
+        """Hold plain ``column`` as the others from now on (its rows put so far copied)."""
+        values = self._records[f"c{column}"]
+        kind = self.schema.field(column).type
+        self._held[column] = [
+            (
+                row,
+                pa.Array.from_buffers(
+                    kind, rows, [None, pa.py_buffer(values[row : row + rows].copy())]
+                ),
+            )
+            for row, rows in self._puts
         ]
-        self._plain = plain
-        self._dtype = _record_dtype(schema, plain)
-        self._records = _pooled(self.num_rows, self._dtype)
-        filling = {i: _Lists.filling([part.column(i) for part in parts]) for i in lists}
-        others: dict[int, list[pa.Array]] = {i: [] for i in every if i not in plain + lists}
-        row = 0
-        parts.reverse()  # popped from the end: first part first
-        while parts:
-            part = parts.pop()
-            for i in plain:
-                self._records[f"c{i}"][row : row + part.num_rows] = _numbers(part.column(i))
-            for i, lists_of in filling.items():
-                lists_of.put(row, part.column(i))
-            for i, arrays in others.items():
-                arrays.append(part.column(i))
-            row += part.num_rows
-        self._lists = filling
-        self._others = {i: pa.concat_arrays(arrays) for i, arrays in others.items()}
+        self._plain.remove(column)
 
     def take(self, index: npt.NDArray[np.int64]) -> Rows:
         """Rows ``index``, in that order (a copy)."""
@@ -189,11 +225,16 @@ def _is_number_list(kind: pa.DataType, arrays: list[pa.Array]) -> bool:
     return pat.is_large_list(kind) or sum(len(a.flatten()) for a in arrays) < 2**31
 
 
-def _is_plain(kind: pa.DataType, parts: Sequence[pa.RecordBatch], column: int) -> bool:
-    """Is ``column`` a number per row (integer or float) without nulls in every part?"""
-    if not (pat.is_integer(kind) or pat.is_floating(kind)):
-        return False
-    return all(part.column(column).null_count == 0 for part in parts)
+def owned(array: pa.Array) -> pa.Array:
+    """``array``, copied if it is a slice of less than half the buffers it keeps in memory."""
+    if array.get_total_buffer_size() > 2 * array.nbytes:
+        return pa.concat_arrays([array])
+    return array
+
+
+def _is_number(kind: pa.DataType) -> bool:
+    """Is ``kind`` a number per row (integer or float)?"""
+    return bool(pat.is_integer(kind) or pat.is_floating(kind))
 
 
 def _record_dtype(schema: pa.Schema, plain: list[int]) -> np.dtype[np.void]:
