@@ -53,9 +53,11 @@ def prefetch(items: Iterator[T], depth: int, waited: threading.Event | None = No
         except BaseException as exc:  # re-raised in the consumer thread
             put((_END, exc))
         finally:
-            if hasattr(items, "close"):  # a generator's own clean-up (its read-ahead) now
-                items.close()
-            _running.discard(producer)
+            try:
+                if hasattr(items, "close"):  # a generator's own clean-up (its read-ahead) now
+                    items.close()
+            finally:
+                _running.discard(producer)
 
     thread = threading.Thread(target=produce, name="tdu-prefetch", daemon=True)
     producer = (stop, thread)
