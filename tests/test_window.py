@@ -31,7 +31,7 @@ def _batch(rows: int) -> pa.RecordBatch:
 def _window(parts: list[pa.RecordBatch], order: list[int] | None = None) -> Window:
     """A window of ``parts`` one after another, put in ``order`` (default: in turn)."""
     firsts = np.cumsum([0] + [part.num_rows for part in parts]).tolist()
-    window = Window(firsts[-1])
+    window = Window(firsts[-1], "a test")
     for number in order or range(len(parts)):
         window.put(firsts[number], parts[number])
     window.finish()
@@ -81,10 +81,14 @@ def test_a_small_slice_is_copied_out_of_the_buffers_it_would_keep() -> None:
     assert owned(lists).get_total_buffer_size() <= 2 * owned(lists).nbytes
 
 
-def test_a_window_with_rows_missing_is_refused() -> None:
-    window = Window(20)
-    window.put(0, _batch(10))
-    with pytest.raises(RuntimeError, match="20 rows was given 10"):
+@pytest.mark.parametrize("puts", [[0], [0, 5], [0, 10, 10]])
+def test_a_window_not_given_each_row_once_is_refused(puts: list[int]) -> None:
+    """Rows missing, overlapping or put twice: the reader's bug is loud, never a window that
+    repeats some rows and loses others."""
+    window = Window(20, "splits a.parquet[0]")
+    for row in puts:
+        window.put(row, _batch(10))
+    with pytest.raises(RuntimeError, match=r"20 rows \(splits a.parquet\[0\]\).*each row once"):
         window.finish()
 
 

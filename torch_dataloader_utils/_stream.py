@@ -373,7 +373,9 @@ def _read_window(
     wanted, later = _not_in(blocks, carried), (_not_in(w, carried) for w in later)
     reads = _with_later_parts(wanted, later, source.index, int(blocks.total) - held)
     runs, run_of = _runs_of(reads, unit_starts)
-    window = Window(int(blocks.total))
+    splits = list(dict.fromkeys(blocks.splits.tolist()))
+    where = ", ".join(source.index.describe(s) for s in splits[:3])
+    window = Window(int(blocks.total), f"splits {where}{' ...' if len(splits) > 3 else ''}")
 
     def put(key: tuple[int, int], parts: list[pa.RecordBatch]) -> None:
         row = first_row[key]
@@ -449,9 +451,8 @@ def _sliced(
     chunks: list[pa.RecordBatch], lo: int, hi: int, *, own: bool = False
 ) -> list[pa.RecordBatch]:
     """Rows ``[lo, hi)`` of ``chunks`` laid end to end, as slices of them (no copy); with
-    ``own``, a slice of less than half its chunk is copied into buffers of its own (a slice
-    keeps its whole chunk in memory: a part carried for a later window holds at most twice
-    its rows)."""
+    ``own``, each column ``owned`` (a slice keeps its whole chunk in memory: a part carried
+    for a later window keeps at most twice its bytes)."""
     out, first = [], 0
     for chunk in chunks:
         a, b = max(lo - first, 0), min(hi - first, chunk.num_rows)

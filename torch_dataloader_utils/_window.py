@@ -42,8 +42,9 @@ class Window:
     held as the others from then on.
     """
 
-    def __init__(self, num_rows: int) -> None:
+    def __init__(self, num_rows: int, where: str) -> None:
         self.num_rows = num_rows
+        self._where = where  # the splits the window holds, for errors
         self.schema = pa.schema([])
         self._plain: list[int] = []
         self._dtype = np.dtype([])
@@ -72,9 +73,11 @@ class Window:
 
     def finish(self) -> None:
         """Make the held columns one block each (once every row is put)."""
-        put = sum(rows for _, rows in self._puts)
-        if put != self.num_rows:  # a reader's bug: never hand out a window with holes
-            raise RuntimeError(f"a shuffle window of {self.num_rows} rows was given {put}")
+        if not _covers(self._puts, self.num_rows):  # a reader's bug: never hand it out
+            raise RuntimeError(
+                f"a shuffle window of {self.num_rows} rows ({self._where}) was given rows "
+                f"{sorted(self._puts)} (first row, rows): expected each row once"
+            )
         for i in list(self._held):
             arrays = [array for _, array in sorted(self._held.pop(i), key=lambda held: held[0])]
             if not _is_number_list(self.schema.field(i).type, arrays):
@@ -93,13 +96,7 @@ class Window:
         values = self._records[f"c{column}"]
         kind = self.schema.field(column).type
         self._held[column] = [
-            (
-                row,
-                pa.Array.from_buffers(
-                    kind, rows, [None, pa.py_buffer(values[row : row + rows].copy())]
-                ),
-            )
-            for row, rows in self._puts
+            (row, _array(kind, values[row : row + rows].copy())) for row, rows in self._puts
         ]
         self._plain.remove(column)
 
@@ -143,9 +140,7 @@ class Rows:
         arrays = []
         for field, column in zip(self.schema, self.columns(), strict=True):
             if isinstance(column, np.ndarray):
-                values = np.ascontiguousarray(column)
-                buffers = [None, pa.py_buffer(values)]  # pa.array's numpy path imports pandas
-                column = pa.Array.from_buffers(field.type, len(values), buffers)
+                column = _array(field.type, np.ascontiguousarray(column))
             arrays.append(column)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
@@ -191,7 +186,7 @@ class _Lists:
             np.take(self.values, source, out=out[bounds[lo] : bounds[hi]], mode="clip")
         if pat.is_list(self.kind):
             bounds = bounds.astype(np.int32)
-        values = pa.Array.from_buffers(self.kind.value_type, len(out), [None, pa.py_buffer(out)])
+        values = _array(self.kind.value_type, out)
         buffers = [None, pa.py_buffer(bounds)]
         return pa.Array.from_buffers(self.kind, len(index), buffers, children=[values])
 
@@ -230,6 +225,22 @@ def owned(array: pa.Array) -> pa.Array:
     if array.get_total_buffer_size() > 2 * array.nbytes:
         return pa.concat_arrays([array])
     return array
+
+
+def _covers(puts: list[tuple[int, int]], rows: int) -> bool:
+    """Do ``puts`` (first row, rows) cover rows ``0 .. rows - 1``, each once?"""
+    row = 0
+    for first, count in sorted(puts):
+        if first != row:
+            return False
+        row += count
+    return row == rows
+
+
+def _array(kind: pa.DataType, values: np.ndarray) -> pa.Array:
+    """Contiguous numbers ``values`` as an Arrow array of ``kind`` without nulls, no copy
+    (``pa.array``'s numpy path imports pandas)."""
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
 
 
 def _is_number(kind: pa.DataType) -> bool:
