@@ -32,7 +32,8 @@ from torch_dataloader_utils import (
 from torch_dataloader_utils._epoch import Start
 from torch_dataloader_utils._mix_state import encode_mixture
 from torch_dataloader_utils._mix_stream import _interleaved
-from torch_dataloader_utils._schedule import MAX_PERIOD, Schedule
+from torch_dataloader_utils._phases import phase_interleave, phase_sources, phases, stream_end
+from torch_dataloader_utils._schedule import MAX_PERIOD, Interleave, Schedule
 
 # Source s holds ids s * _SPAN + [0, rows): a row's id tells its source and row.
 _SPAN = 1_000_000
@@ -1053,18 +1054,61 @@ def test_a_chain_of_elastic_resumes_through_the_loaders(
 @given(st.integers(2, 12), st.data())
 def test_interleaving_puts_every_source_row_at_its_schedule_place(sources: int, data) -> None:
     """Few sources are placed by a comparison each, more by a stable sort: the same result,
-    each source's rows in order at the positions the schedule gives it."""
+    each source's rows in order at the positions the schedule gives it, in pieces cut
+    anywhere; numbers are scattered, token lists and strings gathered."""
     ids = np.array(data.draw(st.lists(st.integers(0, sources - 1), min_size=1, max_size=200)),
                    dtype=np.int16)  # fmt: skip
     parts = []
     for s in range(sources):
-        n = int((ids == s).sum())
-        values = np.arange(n, dtype=np.int64) + 1000 * s
-        parts.append([pa.record_batch({"v": values, "f": values.astype(np.float32)})])
-    mixed = _interleaved(parts, ids, "source")
+        values = np.arange(int((ids == s).sum()), dtype=np.int64) + 1000 * s
+        batch = pa.record_batch({
+            "v": values, "f": values.astype(np.float32),
+            "t": pa.array([list(range(v % 7)) for v in values.tolist()], pa.list_(pa.int32())),
+            "s": pa.array([str(v) for v in values.tolist()], pa.string()),
+        })  # fmt: skip
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(values)), max_size=3)))
+        bounds = [0, *cuts, len(values)]
+        parts.append([batch.slice(lo, hi - lo) for lo, hi in itertools.pairwise(bounds)])
+    mixed = _interleaved(parts, Interleave.of(ids, sources), "source")
     expected = np.empty(len(ids), dtype=np.int64)
     for s in range(sources):
         expected[ids == s] = np.arange(int((ids == s).sum())) + 1000 * s
     assert mixed.column("v").to_numpy().tolist() == expected.tolist()
     assert mixed.column("f").to_numpy().tolist() == expected.astype(np.float32).tolist()
+    assert mixed.column("t").to_pylist() == [list(range(v % 7)) for v in expected.tolist()]
+    assert mixed.column("s").to_pylist() == [str(v) for v in expected.tolist()]
     assert mixed.column("source").to_numpy().tolist() == ids.tolist()
+
+
+@given(
+    weights=st.lists(st.integers(1, 9), min_size=1, max_size=10),
+    block=st.sampled_from([0, 0, 1, 37, 400]),
+    start=st.integers(0, 10_000),
+    length=st.integers(0, 300),
+)
+@settings(max_examples=80, deadline=None)
+def test_an_interleave_places_each_source_where_the_schedule_reads_it(
+    weights: list[int], block: int, start: int, length: int
+) -> None:
+    """A schedule's interleave (kept for the next chunk at the same place of an unpermuted
+    period, so read-only) is its sources, and each source's places among them, in order;
+    a stream's phases (sources leaving at their limits) renumber and join them."""
+    schedule = Schedule(tuple(weights), block=block, seed=3)
+    for _ in range(2):  # the second time from the kept interleave
+        mixed = schedule.interleave(start, start + length)
+        sources = schedule.sources(start, start + length)
+        assert np.array_equal(mixed.sources, sources)
+        for s in range(len(weights)):
+            assert np.array_equal(mixed.places[s], np.flatnonzero(sources == s))
+        assert not mixed.sources.flags.writeable and not mixed.places[0].flags.writeable
+    limits = tuple(None if s % 2 else 5 * (s + 1) for s in range(len(weights)))
+    stream = phases(tuple(weights), (0,) * len(weights), limits, (False,) * len(weights))
+    end = stream_end(stream)
+    stop = start + length if end is None else min(start + length, end)
+    lo = min(start, stop)
+    mixed = phase_interleave(stream, lo, stop)
+    sources = phase_sources(stream, lo, stop)
+    assert np.array_equal(mixed.sources, sources)
+    assert len(mixed.places) == len(weights)
+    for s in range(len(weights)):
+        assert np.array_equal(mixed.places[s], np.flatnonzero(sources == s))

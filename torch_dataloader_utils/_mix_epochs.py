@@ -33,9 +33,9 @@ from ._config import DatasetConfig
 from ._epoch import Epochs, Progress, Start
 from ._errors import InvalidStateError
 from ._order import StreamOrder
-from ._phases import Phase, phase_counts, phase_sources, phases, stream_end
+from ._phases import Phase, phase_counts, phase_interleave, phase_sources, phases, stream_end
 from ._plan import Deal, Generation, IntArray, Pieces
-from ._schedule import Schedule
+from ._schedule import Interleave, Schedule
 from ._state import StreamEntry, check_setting, encode_stream
 
 __all__ = [
@@ -242,6 +242,11 @@ class MixedProgress:
         """The source of each of positions ``[start, stop)`` of stream ``worker``."""
         offset = self._offset(worker, start)
         return phase_sources(self._phases(worker), offset, offset + stop - start)
+
+    def interleave(self, worker: int, start: int, stop: int) -> Interleave:
+        """The interleave of positions ``[start, stop)`` of stream ``worker``."""
+        offset = self._offset(worker, start)
+        return phase_interleave(self._phases(worker), offset, offset + stop - start)
 
     def total(self, worker: int) -> int:
         """Positions stream ``worker`` has in this epoch: its share of ``epoch_size`` (of

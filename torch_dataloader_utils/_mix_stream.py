@@ -13,18 +13,18 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.types as pat
 
+from ._arrays import as_arrow, numbers, pooled
 from ._errors import DataSourceError
 from ._mix_epochs import MixedProgress, MixPosition
-from ._stream import Position, SourceFiles
+from ._schedule import Interleave
+from ._stream import Position, SourceFiles, chunk_rows
 from ._tokens import IntArray, Pending, TokenPacking, documents, packed_batch
+from ._window import gather
 
 __all__ = ["MixedSource"]
 
-# Mixed positions assembled at a time (at least a batch): one gather of every column per chunk.
+# Mixed positions assembled at a time (at least a batch): one scatter of every column per chunk.
 _MIX_ROWS = 16_384
-# Up to this many sources, a source's places are found by a comparison each (cheaper than
-# numpy's stable argsort of the source ids, 17 ns a position).
-_FEW_SOURCES = 8
 # Chunks without a token a packed source may read in a row before it is refused.
 _MAX_EMPTY_CHUNKS = 1000
 
@@ -61,7 +61,10 @@ class MixedSource:
         )
 
     def read_rows(self, batch_size: int) -> int:
-        return max(batch_size, _MIX_ROWS)
+        """Positions mixed at a time: as many as a chunk of the widest source read in order,
+        at most ``_MIX_ROWS`` (at least a batch)."""
+        widest = max(epochs.index.row_bytes() for epochs in self.progress.mix.sources)
+        return max(batch_size, min(_MIX_ROWS, chunk_rows(widest, batch_size)))
 
     def chunks(
         self, start: Position, min_rows: int, read_ahead: int = 0, *, rows: bool = False
@@ -77,10 +80,9 @@ class MixedSource:
         try:
             for lo in range(start, total, step):
                 hi = min(lo + step, total)
-                ids = progress.sources(self.worker, lo, hi)
-                counts = np.bincount(ids, minlength=len(feeds))
-                parts = [feed.take(int(n)) for feed, n in zip(feeds, counts, strict=True)]
-                yield _interleaved(parts, ids, progress.mix.source_column), hi
+                mixed = progress.interleave(self.worker, lo, hi)
+                parts = [feed.take(len(p)) for feed, p in zip(feeds, mixed.places, strict=True)]
+                yield _interleaved(parts, mixed, progress.mix.source_column), hi
         finally:
             for feed in feeds:
                 feed.close()
@@ -117,12 +119,11 @@ class MixedSource:
         try:
             for lo in range(start, end, batch_size):
                 hi = min(lo + batch_size, end)
-                ids = progress.sources(self.worker, lo, hi)
-                counts = np.bincount(ids, minlength=len(packers))
-                blocks = [p.take(int(n)) for p, n in zip(packers, counts, strict=True)]
-                batch = _mixed_sequences(blocks, ids, seq_len, position_ids)
+                mixed = progress.interleave(self.worker, lo, hi)
+                blocks = [p.take(len(n)) for p, n in zip(packers, mixed.places, strict=True)]
+                batch = _mixed_sequences(blocks, mixed, seq_len, position_ids)
                 if progress.mix.source_column is not None:
-                    batch[progress.mix.source_column] = ids
+                    batch[progress.mix.source_column] = mixed.sources.copy()
                 yield batch, MixPosition(hi, tuple(p.position for p in packers))
         finally:
             for packer in packers:
@@ -241,60 +242,57 @@ class _Packer:
 
 
 def _interleaved(
-    parts: list[list[pa.RecordBatch]], ids: npt.NDArray[np.int16], source_column: str | None
+    parts: list[list[pa.RecordBatch]], mixed: Interleave, source_column: str | None
 ) -> pa.RecordBatch:
-    """The sources' rows in the order of the positions ``ids`` (``parts[s]``: the rows of
-    source ``s``, in order), then the source column. Each fixed-width column without nulls is
-    scattered straight into its output (one write per value); any other is gathered."""
+    """The sources' rows at their places in ``mixed`` (``parts[s]``: the rows of source ``s``,
+    in order), then the source column. Each column of numbers without nulls is scattered
+    straight into its output (one write per value); any other is gathered."""
     batches = [b for part in parts for b in part]
     if len(batches) == 1:
         joined = batches[0]
     else:
-        # the output places of each source's rows, in order: source 0's, then source 1's, ...
-        places = (
-            np.concatenate([np.flatnonzero(ids == s) for s in range(len(parts))])
-            if len(parts) <= _FEW_SOURCES
-            else np.argsort(ids, kind="stable")
-        )
+        columns = [
+            [[b.column(c) for b in part] for part in parts] for c in range(len(batches[0].schema))
+        ]
         joined = pa.RecordBatch.from_arrays(
-            [
-                _column([b.column(c) for b in batches], places)
-                for c in range(batches[0].num_columns)
-            ],
-            schema=batches[0].schema,
+            [_column(pieces, mixed) for pieces in columns], schema=batches[0].schema
         )
     if source_column is None:
         return joined
-    return joined.append_column(source_column, pa.array(ids))
+    return joined.append_column(source_column, as_arrow(pa.int16(), mixed.sources))
 
 
-def _column(pieces: list[pa.Array], places: npt.NDArray[np.intp]) -> pa.Array:
-    """``pieces`` (one column, concatenated) with value ``i`` at output place ``places[i]``."""
-    kind = pieces[0].type
-    if (pat.is_integer(kind) or pat.is_floating(kind)) and not any(p.null_count for p in pieces):
-        out = np.empty(len(places), dtype=kind.to_pandas_dtype())
-        done = 0
-        for piece in pieces:
-            out[places[done : done + len(piece)]] = piece.to_numpy(zero_copy_only=True)
-            done += len(piece)
-        return pa.array(out)
-    index = np.empty(len(places), dtype=np.int64)
-    index[places] = np.arange(len(places), dtype=np.int64)
-    return pa.concat_arrays(pieces).take(pa.array(index))
+def _column(pieces: list[list[pa.Array]], mixed: Interleave) -> pa.Array:
+    """One column of the sources' rows (``pieces[s]``: source ``s``'s, in order) at their
+    places in ``mixed``."""
+    kind = next(p for part in pieces for p in part).type
+    every = [p for part in pieces for p in part]
+    if (pat.is_integer(kind) or pat.is_floating(kind)) and not any(p.null_count for p in every):
+        out = pooled(len(mixed.sources), np.dtype(kind.to_pandas_dtype()))
+        for part, places in zip(pieces, mixed.places, strict=True):
+            done = 0
+            for piece in part:
+                out[places[done : done + len(piece)]] = numbers(piece)
+                done += len(piece)
+        return as_arrow(kind, out)
+    index = np.empty(len(mixed.sources), dtype=np.int64)
+    index[np.concatenate(mixed.places)] = np.arange(len(mixed.sources), dtype=np.int64)
+    return gather(every, index)
 
 
 def _mixed_sequences(
     blocks: list[tuple[npt.NDArray[Any], IntArray]],
-    ids: npt.NDArray[np.int16],
+    mixed: Interleave,
     seq_len: int,
     position_ids: object,
 ) -> dict[str, Any]:
-    """A packed batch whose sequence ``i`` is the next sequence of source ``ids[i]``:
-    ``blocks[s]`` holds source ``s``'s sequences (tokens, document starts)."""
-    places = np.argsort(ids, kind="stable")  # the output row of each sequence, source by source
+    """A packed batch whose sequence ``i`` is the next sequence of source
+    ``mixed.sources[i]``: ``blocks[s]`` holds source ``s``'s sequences (tokens, document
+    starts)."""
+    places = np.concatenate(mixed.places)  # the output row of each sequence, source by source
     tokens = [t for t, _ in blocks if len(t)]
     joined = tokens[0] if len(tokens) == 1 else np.concatenate(tokens)
-    out = np.empty((len(ids), seq_len), dtype=joined.dtype)
+    out = np.empty((len(places), seq_len), dtype=joined.dtype)
     out[places] = joined.reshape(-1, seq_len)
     starts, first = [], 0
     for block_tokens, block_starts in blocks:

@@ -17,9 +17,9 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from ._schedule import Schedule
+from ._schedule import Interleave, Schedule
 
-__all__ = ["Phase", "phase_counts", "phase_sources", "phases", "stream_end"]
+__all__ = ["Phase", "phase_counts", "phase_interleave", "phase_sources", "phases", "stream_end"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -92,6 +92,18 @@ def phase_sources(stream: tuple[Phase, ...], start: int, stop: int) -> npt.NDArr
         out[lo - start : hi - start] = np.array(phase.active, dtype=np.int16)[local]
         lo, number = hi, number + 1
     return out
+
+
+def phase_interleave(stream: tuple[Phase, ...], start: int, stop: int) -> Interleave:
+    """The interleave of schedule positions ``[start, stop)`` (before the stream's end), by
+    the sources' numbers in the stream."""
+    number = _phase_at(stream, start)
+    phase, count = stream[number], len(stream[0].base)
+    last = number + 1 == len(stream) or stop <= stream[number + 1].start
+    if phase.schedule is None or not last:
+        return Interleave.of(phase_sources(stream, start, stop), count)
+    within = phase.schedule.interleave(start - phase.start, stop - phase.start)
+    return within if phase.active == tuple(range(count)) else within.renumbered(phase.active, count)
 
 
 def stream_end(stream: tuple[Phase, ...]) -> int | None:

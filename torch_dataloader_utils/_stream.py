@@ -40,6 +40,7 @@ __all__ = [
     "Run",
     "SourceFiles",
     "StreamSource",
+    "chunk_rows",
     "read_stream",
 ]
 
@@ -159,8 +160,7 @@ class StreamSource:
 
     def read_rows(self, batch_size: int) -> int:
         """Rows per decoded chunk of a piece read in order."""
-        rows = int(np.clip(_READ_BYTES // self.index.row_bytes(), _MIN_CHUNK_ROWS, _MAX_READ_ROWS))
-        return max(batch_size, rows)
+        return chunk_rows(self.index.row_bytes(), batch_size)
 
     def lane_bytes(self) -> int:
         """Bytes a run of a shuffle window fetches at a time (twice that in flight)."""
@@ -198,6 +198,13 @@ class ChunkSource(Protocol):
         read_ahead: int = 0,
         position_ids: object = None,
     ) -> Iterator[tuple[dict[str, Any], Position]]: ...
+
+
+def chunk_rows(row_bytes: int, batch_size: int) -> int:
+    """Rows per chunk of rows of ``row_bytes`` (decoded) read in order: about ``_READ_BYTES``,
+    at least a batch."""
+    rows = int(np.clip(_READ_BYTES // max(1, row_bytes), _MIN_CHUNK_ROWS, _MAX_READ_ROWS))
+    return max(batch_size, rows)
 
 
 def read_stream(

@@ -25,7 +25,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.types as pat
 
-__all__ = ["Rows", "Window", "owned"]
+from ._arrays import as_arrow, numbers, pooled
+
+__all__ = ["Rows", "Window", "gather", "owned"]
 
 # Rows of a list column gathered at a time (their values' source index stays in cache).
 _LIST_ROWS = 1024
@@ -61,12 +63,12 @@ class Window:
             every = range(len(part.schema))
             self._plain = [i for i in every if _is_number(part.schema.field(i).type)]
             self._dtype = _record_dtype(part.schema, self._plain)
-            self._records = _pooled(self.num_rows, self._dtype)
+            self._records = pooled(self.num_rows, self._dtype)
             self._held = {i: [] for i in every if i not in self._plain}
         for i in [i for i in self._plain if part.column(i).null_count]:
             self._hold(i)
         for i in self._plain:
-            self._records[f"c{i}"][row : row + part.num_rows] = _numbers(part.column(i))
+            self._records[f"c{i}"][row : row + part.num_rows] = numbers(part.column(i))
         for i, held in self._held.items():
             held.append((row, owned(part.column(i))))
         self._puts.append((row, part.num_rows))
@@ -80,23 +82,17 @@ class Window:
             )
         for i in list(self._held):
             arrays = [array for _, array in sorted(self._held.pop(i), key=lambda held: held[0])]
-            if not _is_number_list(self.schema.field(i).type, arrays):
+            if _is_number_list(self.schema.field(i).type, arrays):
+                self._lists[i] = _Lists.filled(arrays)
+            else:
                 self._others[i] = pa.concat_arrays(arrays)
-                continue
-            lists = self._lists[i] = _Lists.filling(arrays)
-            row = 0
-            arrays.reverse()
-            while arrays:  # each let go of once copied: the column is not held twice
-                array = arrays.pop()
-                lists.put(row, array)
-                row += len(array)
 
     def _hold(self, column: int) -> None:
         """Hold plain ``column`` as the others from now on (its rows put so far copied)."""
         values = self._records[f"c{column}"]
         kind = self.schema.field(column).type
         self._held[column] = [
-            (row, _array(kind, values[row : row + rows].copy())) for row, rows in self._puts
+            (row, as_arrow(kind, values[row : row + rows].copy())) for row, rows in self._puts
         ]
         self._plain.remove(column)
 
@@ -140,7 +136,7 @@ class Rows:
         arrays = []
         for field, column in zip(self.schema, self.columns(), strict=True):
             if isinstance(column, np.ndarray):
-                column = _array(field.type, np.ascontiguousarray(column))
+                column = as_arrow(field.type, np.ascontiguousarray(column))
             arrays.append(column)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
@@ -155,19 +151,27 @@ class _Lists:
     offsets: np.ndarray
 
     @classmethod
-    def filling(cls, arrays: list[pa.Array]) -> _Lists:
-        """Room for the rows of ``arrays`` (one after another), filled by ``put``."""
+    def filled(cls, arrays: list[pa.Array]) -> _Lists:
+        """The rows of ``arrays``, one after another; ``arrays`` is emptied as they are
+        copied (each let go of once copied: the rows are not held twice)."""
         values = sum(len(array.flatten()) for array in arrays)
         dtype = np.dtype(arrays[0].type.value_type.to_pandas_dtype())
         offsets = np.zeros(sum(len(array) for array in arrays) + 1, dtype=np.int64)
-        return cls(arrays[0].type, _pooled(values, dtype), offsets)
+        lists = cls(arrays[0].type, pooled(values, dtype), offsets)
+        row = 0
+        arrays.reverse()
+        while arrays:
+            array = arrays.pop()
+            lists._put(row, array)
+            row += len(array)
+        return lists
 
-    def put(self, row: int, array: pa.Array) -> None:
+    def _put(self, row: int, array: pa.Array) -> None:
         """``array``'s lists as rows ``row, row + 1, ...`` (the rows before it are in)."""
         first = int(self.offsets[row])
-        values = _numbers(array.flatten())
+        values = numbers(array.flatten())
         self.values[first : first + len(values)] = values
-        ends = _numbers(array.offsets)[1:] - _numbers(array.offsets)[0]
+        ends = numbers(array.offsets)[1:] - numbers(array.offsets)[0]
         np.add(ends, first, out=self.offsets[row + 1 : row + 1 + len(array)])
 
     def take(self, index: npt.NDArray[np.int64]) -> pa.Array:
@@ -178,7 +182,7 @@ class _Lists:
         np.cumsum(lengths, out=bounds[1:])
         chunks = [*range(0, len(index), _LIST_ROWS), len(index)]
         scratch = np.empty(int(np.diff(bounds[chunks]).max(initial=0)), dtype=np.int64)
-        out = _pooled(int(bounds[-1]), self.values.dtype)
+        out = pooled(int(bounds[-1]), self.values.dtype)
         for lo, hi in itertools.pairwise(chunks):
             source = scratch[: bounds[hi] - bounds[lo]]
             _sources(starts[lo:hi], lengths[lo:hi], bounds[lo:hi] - bounds[lo], source)
@@ -186,9 +190,17 @@ class _Lists:
             np.take(self.values, source, out=out[bounds[lo] : bounds[hi]], mode="clip")
         if pat.is_list(self.kind):
             bounds = bounds.astype(np.int32)
-        values = _array(self.kind.value_type, out)
+        values = as_arrow(self.kind.value_type, out)
         buffers = [None, pa.py_buffer(bounds)]
         return pa.Array.from_buffers(self.kind, len(index), buffers, children=[values])
+
+
+def gather(arrays: list[pa.Array], index: npt.NDArray[np.int64]) -> pa.Array:
+    """Rows ``index`` of ``arrays`` laid end to end, as a new array: lists of numbers without
+    nulls by their values and offsets (as a window holds them), any other by Arrow."""
+    if _is_number_list(arrays[0].type, arrays):
+        return _Lists.filled(list(arrays)).take(index)
+    return pa.concat_arrays(arrays).take(index)
 
 
 def _sources(
@@ -237,12 +249,6 @@ def _covers(puts: list[tuple[int, int]], rows: int) -> bool:
     return row == rows
 
 
-def _array(kind: pa.DataType, values: np.ndarray) -> pa.Array:
-    """Contiguous numbers ``values`` as an Arrow array of ``kind`` without nulls, no copy
-    (``pa.array``'s numpy path imports pandas)."""
-    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
-
-
 def _is_number(kind: pa.DataType) -> bool:
     """Is ``kind`` a number per row (integer or float)?"""
     return bool(pat.is_integer(kind) or pat.is_floating(kind))
@@ -261,16 +267,3 @@ def _record_dtype(schema: pa.Schema, plain: list[int]) -> np.dtype[np.void]:
     return np.dtype(
         {"names": names, "formats": formats, "offsets": offsets[:-1], "itemsize": itemsize}
     )
-
-
-def _pooled(length: int, dtype: np.dtype) -> np.ndarray:
-    """A new array of ``length`` values in memory of Arrow's pool: it keeps pages it freed, so
-    a window's next one reuses them (a fresh numpy array this large costs a page fault per
-    4 KiB, up to a third of a shuffled epoch's time)."""
-    return np.frombuffer(pa.allocate_buffer(length * dtype.itemsize), dtype=dtype, count=length)
-
-
-def _numbers(array: pa.Array) -> np.ndarray:
-    """A numeric array without nulls as a numpy view (``to_numpy`` imports pandas: 0.2 s)."""
-    dtype = np.dtype(array.type.to_pandas_dtype())
-    return np.frombuffer(array.buffers()[1], dtype=dtype)[array.offset : array.offset + len(array)]
