@@ -8,7 +8,9 @@ Data (``bench_output/mixing``): three sources written by ``ensure_dataset`` (``i
    sizes, so an epoch reads every row about once) over one epoch, against ONE dataset of the
    same ten files (the same rows): median of per-round ratios over interleaved rounds, each
    contender one loader (persistent workers) warmed by one untimed epoch; unshuffled and
-   shuffled, ``num_workers`` 0 and 2. Target ≥ 0.9;
+   shuffled, ``num_workers`` 0 and 2. Target ≥ 0.9. The same for rows of token lists
+   (``bench_shuffle``'s ``tokens`` data, 64-511 ``int32`` a row: 8 files as sources of 4, 3
+   and 1 files, weights 4:3:1), the layout language models are mixed from;
 2. **state**: ``state_dict()`` of a mixture of 3 and of 30 sources (30: each file of the pool a
    source, named ``s00``…) at 50 % of its epoch with 8 workers: pickled and JSON bytes (≤ 64
    KiB) and the cost of one call after one stream moved a batch (≤ 1 ms), beside the same for
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from _bench_util import ensure_dataset, machine_note, paired, per_call, quiet_setup
+from _shuffle_data import FULL, QUICK, token_data
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils._epoch import Start
@@ -52,6 +55,16 @@ def make_data(root: Path, scale: float) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
+def token_sources(quick: bool) -> dict[str, list[str]]:
+    """``bench_shuffle``'s token files (shared cache) as three sources of 4:3:1 of them."""
+    scale = QUICK if quick else FULL
+    paths = token_data(
+        Path("bench_output/shuffle/tokens"), scale.token_files, scale.token_rows
+    ).paths
+    cut = [len(paths) * 4 // 8, len(paths) * 7 // 8]
+    return {"web": paths[: cut[0]], "code": paths[cut[0] : cut[1]], "math": paths[cut[1] :]}
+
+
 def epoch_rows(loader: Any, dataset: StructuredDataset, epoch: int) -> tuple[float, int]:
     dataset.set_epoch(epoch)
     start = time.perf_counter()
@@ -59,7 +72,9 @@ def epoch_rows(loader: Any, dataset: StructuredDataset, epoch: int) -> tuple[flo
     return time.perf_counter() - start, rows
 
 
-def throughput(sources: dict[str, list[str]], rounds: int) -> list[dict[str, Any]]:
+def throughput(
+    layout: str, sources: dict[str, list[str]], weights: dict[str, int], rounds: int
+) -> list[dict[str, Any]]:
     every = [f for files in sources.values() for f in files]
     out = []
     for shuffle in (False, True):
@@ -67,7 +82,7 @@ def throughput(sources: dict[str, list[str]], rounds: int) -> list[dict[str, Any
             common = {"batch_size": BATCH, "shuffle": shuffle, "num_workers": workers,
                       "persistent_workers": workers > 0}  # fmt: skip
             loaders = {
-                "mixture": StructuredDataset.create_dataloader(sources, weights=WEIGHTS, **common),
+                "mixture": StructuredDataset.create_dataloader(sources, weights=weights, **common),
                 "one source": StructuredDataset.create_dataloader(every, **common),
             }
             runs: dict[str, list[float]] = {name: [] for name in loaders}
@@ -79,13 +94,13 @@ def throughput(sources: dict[str, list[str]], rounds: int) -> list[dict[str, Any
                     runs[name].append(rows / seconds)
             ratio = paired(runs, "mixture", "one source")["paired_median"]
             out.append({
-                "shuffle": shuffle, "workers": workers, "ratio": ratio,
+                "layout": layout, "shuffle": shuffle, "workers": workers, "ratio": ratio,
                 "mixture_rows_s": statistics.median(runs["mixture"]),
                 "one_rows_s": statistics.median(runs["one source"]),
             })  # fmt: skip
             verdict = "met" if ratio >= TARGET_RATIO else "MISSED"
             print(
-                f"throughput shuffle={shuffle!s:5} workers={workers}: mixture "
+                f"throughput {layout:7} shuffle={shuffle!s:5} workers={workers}: mixture "
                 f"{out[-1]['mixture_rows_s'] / 1e6:6.2f} M rows/s, one source "
                 f"{out[-1]['one_rows_s'] / 1e6:6.2f} M rows/s, ratio {ratio:.2f} "
                 f"(target >= {TARGET_RATIO}: {verdict})"
@@ -183,7 +198,11 @@ def main() -> None:
     rounds = args.rounds or (2 if args.quick else 4)
     print(machine_note())
     sources = make_data(root, 0.1 if args.quick else 1.0)
-    report: dict[str, Any] = {"throughput": throughput(sources, rounds)}
+    tokens = token_sources(args.quick)
+    report: dict[str, Any] = {
+        "throughput": throughput("numeric", sources, WEIGHTS, rounds)
+        + throughput("tokens", tokens, {"web": 4, "code": 3, "math": 1}, rounds)
+    }
     pool = [f for files in sources.values() for f in files]
     many = {f"s{i:02d}": pool[i % len(pool)] for i in range(30)}
     report["state"] = [

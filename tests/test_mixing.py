@@ -242,6 +242,38 @@ def test_batches_name_each_rows_source(tmp_path: Path) -> None:
     assert batch["origin"].tolist() == [0, 1] * 5
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shuffled_mixture_keeps_every_column_of_its_rows(tmp_path: Path, workers: int) -> None:
+    """Token lists, strings and numbers with nulls come mixed with their own row: gathered
+    from each source's window, then interleaved (numbers scattered, the others gathered)."""
+    paths = {}
+    for number, (name, rows) in enumerate({"a": 300, "b": 200}.items()):
+        ids = np.arange(rows, dtype=np.int64) + number * _SPAN
+        table = pa.table({
+            "id": ids,
+            "tokens": pa.array([list(range(i % 9)) for i in ids.tolist()], pa.list_(pa.int32())),
+            "text": pa.array([f"row {i}" for i in ids.tolist()]),
+            "maybe": pa.array([None if i % 5 == 0 else float(i) for i in ids.tolist()]),
+        })  # fmt: skip
+        (tmp_path / name).mkdir()
+        pq.write_table(table, tmp_path / name / "part-0.parquet", row_group_size=32)
+        paths[name] = str(tmp_path / name)
+    loader, _ = StructuredDataset.create_dataloader(
+        paths, weights={"a": 3, "b": 2}, batch_size=20, shuffle=True, shuffle_memory_bytes=4096,
+        num_workers=workers, output="numpy",
+    )  # fmt: skip
+    seen = []
+    for batch in loader:
+        ids = batch["id"].tolist()
+        seen.extend(ids)
+        assert [t.tolist() for t in batch["tokens"]] == [list(range(i % 9)) for i in ids]
+        assert list(batch["text"]) == [f"row {i}" for i in ids]
+        expected = [np.nan if i % 5 == 0 else float(i) for i in ids]
+        np.testing.assert_array_equal(batch["maybe"], expected)
+    assert sorted(seen) == sorted([*range(300), *range(_SPAN, _SPAN + 200)])
+    assert seen != sorted(seen)
+
+
 # ----------------------------------------------------------------------------- a changed mixture
 
 

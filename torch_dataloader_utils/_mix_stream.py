@@ -13,13 +13,13 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.types as pat
 
-from ._arrays import as_arrow, numbers, pooled
+from ._arrays import as_arrow, numbers
 from ._errors import DataSourceError
 from ._mix_epochs import MixedProgress, MixPosition
 from ._schedule import Interleave
-from ._stream import Position, SourceFiles, chunk_rows
+from ._stream import Chunk, Position, SourceFiles, chunk_rows
 from ._tokens import IntArray, Pending, TokenPacking, documents, packed_batch
-from ._window import gather
+from ._window import Rows, gather
 
 __all__ = ["MixedSource"]
 
@@ -73,7 +73,7 @@ class MixedSource:
         position after its last row (record batches, also with ``rows``)."""
         progress = self.progress
         feeds = [
-            _Feed(self, s, int(n), min_rows, read_ahead)
+            _Feed(self, s, int(n), min_rows, read_ahead, rows=True)
             for s, n in enumerate(progress.counts(self.worker, start).tolist())
         ]
         step, total = self.read_rows(min_rows), self.total
@@ -142,20 +142,23 @@ class MixedSource:
 
 class _Feed:
     """One source's rows for one stream, from row ``ordinal`` on, epoch after epoch; rows are
-    counted over all its epochs (``MixedEpochs.places_from``)."""
+    counted over all its epochs (``MixedEpochs.places_from``). Chunks are record batches; with
+    ``rows``, a shuffled source's are the ``Rows`` gathered from its window (copied once, by
+    the interleave)."""
 
     def __init__(
-        self, mixed: MixedSource, source: int, ordinal: int, min_rows: int, read_ahead: int
-    ) -> None:
+        self, mixed: MixedSource, source: int, ordinal: int, min_rows: int, read_ahead: int,
+        *, rows: bool = False,
+    ) -> None:  # fmt: skip
         self._mixed, self._source = mixed, source
-        self._min_rows, self._read_ahead = min_rows, read_ahead
+        self._min_rows, self._read_ahead, self._rows_out = min_rows, read_ahead, rows
         progress = mixed.progress
         self._places = progress.mix.places_from(
             source, progress.stream(mixed.worker), ordinal, progress.num_workers
         )
         self._base = ordinal  # the row (over all epochs) at the start of the current place
         self._chunks = self._open()
-        self._held: list[pa.RecordBatch] = []
+        self._held: list[Chunk] = []
         self._rows = 0
 
     def _open(self) -> Iterator[tuple[pa.RecordBatch, int]]:
@@ -163,9 +166,9 @@ class _Feed:
         self._base -= place.offset
         source = self._mixed.sources[self._source].stream(place.order)
         self._total = place.order.total
-        return source.chunks(place.offset, self._min_rows, self._read_ahead)
+        return source.chunks(place.offset, self._min_rows, self._read_ahead, rows=self._rows_out)
 
-    def next_chunk(self) -> tuple[pa.RecordBatch, int]:
+    def next_chunk(self) -> tuple[Chunk, int]:
         """The next decoded chunk, and the row (over all epochs) after its last."""
         while True:
             chunk = next(self._chunks, None)
@@ -175,7 +178,7 @@ class _Feed:
             self._base += self._total  # this epoch of the source is over: its next one
             self._chunks = self._open()
 
-    def take(self, rows: int) -> list[pa.RecordBatch]:
+    def take(self, rows: int) -> list[Chunk]:
         """The next ``rows`` rows (slices of the decoded chunks)."""
         while self._rows < rows:
             chunk, _ = self.next_chunk()
@@ -242,42 +245,58 @@ class _Packer:
 
 
 def _interleaved(
-    parts: list[list[pa.RecordBatch]], mixed: Interleave, source_column: str | None
+    parts: list[list[Chunk]], mixed: Interleave, source_column: str | None
 ) -> pa.RecordBatch:
     """The sources' rows at their places in ``mixed`` (``parts[s]``: the rows of source ``s``,
     in order), then the source column. Each column of numbers without nulls is scattered
     straight into its output (one write per value); any other is gathered."""
-    batches = [b for part in parts for b in part]
-    if len(batches) == 1:
-        joined = batches[0]
+    chunks = [c for part in parts for c in part]
+    schema = chunks[0].schema
+    if len(chunks) == 1:
+        joined = chunks[0].batch() if isinstance(chunks[0], Rows) else chunks[0]
     else:
-        columns = [
-            [[b.column(c) for b in part] for part in parts] for c in range(len(batches[0].schema))
-        ]
+        columns = [[_columns(c) for c in part] for part in parts]
         joined = pa.RecordBatch.from_arrays(
-            [_column(pieces, mixed) for pieces in columns], schema=batches[0].schema
+            [
+                _column(schema.field(i).type, [[cs[i] for cs in part] for part in columns], mixed)
+                for i in range(len(schema))
+            ],
+            schema=schema,
         )
     if source_column is None:
         return joined
     return joined.append_column(source_column, as_arrow(pa.int16(), mixed.sources))
 
 
-def _column(pieces: list[list[pa.Array]], mixed: Interleave) -> pa.Array:
+def _columns(chunk: Chunk) -> list[pa.Array | np.ndarray]:
+    """A chunk's columns; a window's plain ones as numpy views of its records."""
+    return chunk.columns() if isinstance(chunk, Rows) else chunk.columns
+
+
+def _column(
+    kind: pa.DataType, pieces: list[list[pa.Array | np.ndarray]], mixed: Interleave
+) -> pa.Array:
     """One column of the sources' rows (``pieces[s]``: source ``s``'s, in order) at their
     places in ``mixed``."""
-    kind = next(p for part in pieces for p in part).type
     every = [p for part in pieces for p in part]
-    if (pat.is_integer(kind) or pat.is_floating(kind)) and not any(p.null_count for p in every):
-        out = pooled(len(mixed.sources), np.dtype(kind.to_pandas_dtype()))
+    arrow = [p for p in every if isinstance(p, pa.Array)]
+    if (pat.is_integer(kind) or pat.is_floating(kind)) and not any(p.null_count for p in arrow):
+        # numpy's memory: a chunk's column (~128 KiB) comes back from malloc without page
+        # faults; Arrow's pool (mimalloc) gives such blocks back to the system when freed
+        out = np.empty(len(mixed.sources), dtype=kind.to_pandas_dtype())
         for part, places in zip(pieces, mixed.places, strict=True):
             done = 0
             for piece in part:
-                out[places[done : done + len(piece)]] = numbers(piece)
+                values = piece if isinstance(piece, np.ndarray) else numbers(piece)
+                out[places[done : done + len(piece)]] = values
                 done += len(piece)
         return as_arrow(kind, out)
     index = np.empty(len(mixed.sources), dtype=np.int64)
     index[np.concatenate(mixed.places)] = np.arange(len(mixed.sources), dtype=np.int64)
-    return gather(every, index)
+    arrays = [
+        p if isinstance(p, pa.Array) else as_arrow(kind, np.ascontiguousarray(p)) for p in every
+    ]
+    return gather(arrays, index)
 
 
 def _mixed_sequences(
