@@ -23,7 +23,10 @@ the same run, with its target and whether it is met:
    round (``set_epoch``), with the CPU time of an epoch (process and workers) beside it, since
    the shuffled path decodes a window with two threads: ``main`` all columns (≥ 0.65 with 0
    workers, ≥ 0.85 with 2), ``tokens`` unpacked and packed (``TokenPacking``, 128 x 2,048
-   tokens a batch) (≥ 0.85);
+   tokens a batch) (≥ 0.85). Beside it, how long a shuffled epoch waited for its first batch:
+   an epoch here is 1.4-4 windows of the default budget a stream, so the wait for its first
+   window (the latency of 5, once an epoch) is a large part of it, where an epoch of many
+   windows (training on more data than the budget) spreads it over all of them;
 5. **latency**: time to the first batch of an epoch (a new loader: ``iter`` + ``next``, workers'
    start included), shuffled, beside unshuffled (≤ 1 s); and after a resume at 90 % vs at 0 % of
    the epoch (≤ 1.5x), the resumed epoch checked row for row;
@@ -355,6 +358,7 @@ def cost_pair(
 ) -> dict[str, Any]:
     packed = packed_totals is not None
     runs: dict[str, list[float]] = {"shuffled": [], "unshuffled": []}
+    first: list[float] = []
     cpu: dict[str, list[float]] = {"shuffled": [], "unshuffled": []}
     epochs = {name: steady_loader(data, workers, name == "shuffled", packed) for name in runs}
     for number in range(1, rounds + 1):
@@ -364,11 +368,14 @@ def cost_pair(
             cpu[name].append(cpu_seconds() - before)
             check(run, data, f"{label} {name} epoch {number}", packed_totals)
             runs[name].append(data.total / run.seconds)
+            if name == "shuffled":
+                first.append(run.first_s / run.seconds)
     del epochs
     gc.collect()
     cpu_ratio = statistics.median(cpu["unshuffled"]) / statistics.median(cpu["shuffled"])
-    return {"runs": runs, "cpu_s": cpu, "cpu_ratio": cpu_ratio} | paired(
-        runs, "shuffled", "unshuffled"
+    waited = statistics.median(first)
+    return {"runs": runs, "cpu_s": cpu, "cpu_ratio": cpu_ratio, "first_batch_share": waited} | (
+        paired(runs, "shuffled", "unshuffled")
     )
 
 
@@ -384,7 +391,8 @@ def run_cost(args: argparse.Namespace, datas: dict[str, Data], verdicts: Verdict
         out[label] = r
         target = RATIO_TARGETS[label]
         medians = [statistics.median(r["runs"][n]) / 1e6 for n in ("shuffled", "unshuffled")]
-        print(f"  {label:<10} {r['paired_median']:5.2f}  (target ≥ {target}; of medians "
+        print(f"  {label:<10} {r['paired_median']:5.2f}  (target ≥ {target}; shuffled epoch "
+              f"waited {r['first_batch_share']:.0%} of its time for its first batch; of medians "
               f"{r['of_medians']:.2f}, best/best {r['best_over_best']:.2f}; "
               f"{medians[0]:.2f}M / {medians[1]:.2f}M rows/s; CPU time unshuffled / "
               f"shuffled {r['cpu_ratio']:.2f})", flush=True)  # fmt: skip
