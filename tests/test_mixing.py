@@ -234,12 +234,16 @@ def test_resume_with_workers_is_exact(tmp_path: Path, workers: int) -> None:
 
 def test_batches_name_each_rows_source(tmp_path: Path) -> None:
     paths = {"a": write_source(tmp_path, "a", 0, 50), "b": write_source(tmp_path, "b", 1, 50)}
-    loader, _ = StructuredDataset.create_dataloader(
+    loader, dataset = StructuredDataset.create_dataloader(
         paths, weights={"a": 1, "b": 1}, batch_size=10, source_column="origin"
     )
-    batch = next(iter(loader))
-    assert batch["origin"].tolist() == (batch["id"] // _SPAN).tolist()
-    assert batch["origin"].tolist() == [0, 1] * 5
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        for number, batch in enumerate(loader):
+            assert batch["origin"].tolist() == (batch["id"] // _SPAN).tolist()
+            if number == 0:
+                assert batch["origin"].tolist() == [0, 1] * 5
+            batch["origin"] += 7  # the user's own tensor: not the schedule's kept interleave
 
 
 @pytest.mark.parametrize("workers", [0, 2])

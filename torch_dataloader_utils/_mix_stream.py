@@ -265,7 +265,8 @@ def _interleaved(
         )
     if source_column is None:
         return joined
-    return joined.append_column(source_column, as_arrow(pa.int16(), mixed.sources))
+    # a copy: the interleave is kept for later chunks, and a batch's tensors are the user's
+    return joined.append_column(source_column, as_arrow(pa.int16(), mixed.sources.copy()))
 
 
 def _columns(chunk: Chunk) -> list[pa.Array | np.ndarray]:
