@@ -73,7 +73,7 @@ class MixedSource:
         position after its last row (record batches, also with ``rows``)."""
         progress = self.progress
         feeds = [
-            _Feed(self, s, int(n), min_rows, read_ahead, rows=True)
+            _Feed(self, s, int(n), min_rows, read_ahead, as_rows=True)
             for s, n in enumerate(progress.counts(self.worker, start).tolist())
         ]
         step, total = self.read_rows(min_rows), self.total
@@ -143,15 +143,15 @@ class MixedSource:
 class _Feed:
     """One source's rows for one stream, from row ``ordinal`` on, epoch after epoch; rows are
     counted over all its epochs (``MixedEpochs.places_from``). Chunks are record batches; with
-    ``rows``, a shuffled source's are the ``Rows`` gathered from its window (copied once, by
+    ``as_rows``, a shuffled source's are the ``Rows`` gathered from its window (copied once, by
     the interleave)."""
 
     def __init__(
         self, mixed: MixedSource, source: int, ordinal: int, min_rows: int, read_ahead: int,
-        *, rows: bool = False,
+        *, as_rows: bool = False,
     ) -> None:  # fmt: skip
         self._mixed, self._source = mixed, source
-        self._min_rows, self._read_ahead, self._rows_out = min_rows, read_ahead, rows
+        self._min_rows, self._read_ahead, self._as_rows = min_rows, read_ahead, as_rows
         progress = mixed.progress
         self._places = progress.mix.places_from(
             source, progress.stream(mixed.worker), ordinal, progress.num_workers
@@ -161,12 +161,12 @@ class _Feed:
         self._held: list[Chunk] = []
         self._rows = 0
 
-    def _open(self) -> Iterator[tuple[pa.RecordBatch, int]]:
+    def _open(self) -> Iterator[tuple[Chunk, int]]:
         place = next(self._places)
         self._base -= place.offset
         source = self._mixed.sources[self._source].stream(place.order)
         self._total = place.order.total
-        return source.chunks(place.offset, self._min_rows, self._read_ahead, rows=self._rows_out)
+        return source.chunks(place.offset, self._min_rows, self._read_ahead, rows=self._as_rows)
 
     def next_chunk(self) -> tuple[Chunk, int]:
         """The next decoded chunk, and the row (over all epochs) after its last."""
