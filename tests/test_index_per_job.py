@@ -127,19 +127,21 @@ def test_warm_caches_on_every_rank_skip_the_broadcast(
     asked: list[bool] = []
     broadcasts: list[object] = []
 
-    def every(flag: bool) -> bool:  # a job of one rank
-        asked.append(flag)
-        return flag
+    class OneRank:  # the collectives of a job of one rank, recorded
+        def on_every_rank(self, flag: bool) -> bool:
+            asked.append(flag)
+            return flag
 
-    def broadcast(compute: Any) -> Any:
-        broadcasts.append(compute)
-        return compute()
+        def from_rank_zero(self, compute: Any) -> Any:
+            broadcasts.append(compute)
+            return compute()
 
-    monkeypatch.setattr(_distributed, "on_every_rank", every)
-    monkeypatch.setattr(_distributed, "from_rank_zero", broadcast)
-    cold = _index._index_once_per_job(storage, fmt, str(tmp_path / "data"), None, 2**30)
+    def build() -> _index.DatasetIndex:
+        return _index.build_index(storage, fmt, str(tmp_path / "data"), None, 2**30, job=OneRank())
+
+    cold = build()
     assert (asked, len(broadcasts)) == ([False], 1)  # cold: rank 0 builds, the index travels
-    warm = _index._index_once_per_job(storage, fmt, str(tmp_path / "data"), None, 2**30)
+    warm = build()
     assert (asked, len(broadcasts)) == ([False, True], 1)  # warm everywhere: no broadcast
     assert warm.digest == cold.digest and warm.splits == cold.splits
 

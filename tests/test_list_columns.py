@@ -13,14 +13,9 @@ import pytest
 import torch
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils._convert import (
-    JaggedArray,
-    JaggedTensorParts,
-    convert,
-    converted_row_bytes,
-    is_jagged,
-)
+from torch_dataloader_utils._convert import JaggedArray, JaggedTensorParts, convert, is_jagged
 from torch_dataloader_utils._packets import _lengths
+from torch_dataloader_utils._row_bytes import converted_row_bytes
 from torch_dataloader_utils._transport import SharedSlots, pack, tensor_bytes
 
 ROWS = 600  # over two files

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from ._args import whole
-from ._convert import OUTPUTS, converted_row_bytes
+from ._row_bytes import converted_row_bytes
 from ._tokens import TokenPacking
 
 __all__ = [
@@ -19,6 +19,8 @@ __all__ = [
 ]
 
 DEFAULT_SPLIT_BYTES = 128 * 2**20
+# What batches are made of (``_convert``).
+OUTPUTS = ("torch", "numpy", "arrow")
 # The decoded rows a shuffled stream may hold: its window and the next one being read.
 DEFAULT_SHUFFLE_MEMORY_BYTES = 256 * 2**20
 # Below this a window holds a handful of rows: surely a unit mistaken (bytes, not MiB).

@@ -55,24 +55,17 @@ import pyarrow.types as pat
 import torch
 from torch.utils.dlpack import from_dlpack
 
+from ._row_bytes import is_list
 from ._window import Rows
 
 __all__ = [
-    "OUTPUTS",
     "JaggedArray",
     "JaggedTensorParts",
     "convert",
-    "converted_row_bytes",
     "is_jagged",
     "jagged",
     "warm_up",
 ]
-
-OUTPUTS = ("torch", "numpy", "arrow")
-
-# Items per row assumed for a list column when sizing shared-memory packets from the schema
-# alone (real widths vary; a packet that outgrows its slot still arrives, shared by torch).
-_LIST_ROW_ITEMS = 256
 
 
 @dataclass(frozen=True, eq=False)
@@ -166,35 +159,15 @@ def warm_up(schema: pa.Schema, output: str) -> None:
     """Convert one row of zeros of ``schema`` once, in the main process, when it has list
     columns: building the first jagged tensor loads ~2 s of torch modules, which DataLoader
     workers forked afterwards inherit instead of each loading them again."""
-    if output == "arrow" or not any(_is_list(f.type) for f in schema):
+    if output == "arrow" or not any(is_list(f.type) for f in schema):
         return
-    lists = [f for f in schema if _is_list(f.type)]
+    lists = [f for f in schema if is_list(f.type)]
     sample = pa.RecordBatch.from_arrays(
         [pa.array([[]], type=f.type) for f in lists], names=[f.name for f in lists]
     )
     # A list type that raises is reported, naming it, by the real batches.
     with contextlib.suppress(ValueError):
         convert(sample, output, copy=False)
-
-
-def converted_row_bytes(schema: pa.Schema) -> int:
-    """Bytes per row of the numeric arrays/tensors ``convert`` makes for ``schema``."""
-    return sum(_fixed_bytes(field.type) for field in schema)
-
-
-def _fixed_bytes(kind: pa.DataType) -> int:
-    if _is_list(kind):  # offsets, and the items at an assumed width
-        items = _fixed_bytes(kind.value_type)
-        return 8 + _LIST_ROW_ITEMS * items if items else 0
-    if pat.is_dictionary(kind):
-        return _fixed_bytes(kind.value_type)
-    if pat.is_fixed_size_list(kind):
-        return int(kind.list_size) * _fixed_bytes(kind.value_type)
-    if pat.is_boolean(kind):
-        return 1
-    if pat.is_integer(kind) or pat.is_floating(kind) or pat.is_temporal(kind):
-        return max(1, int(kind.bit_width) // 8)
-    return 0
 
 
 def _tensor(array: pa.Array | np.ndarray, name: str, copy: bool, nested: bool = True) -> Any:
@@ -269,15 +242,11 @@ def _fixed_width(array: pa.Array, name: str) -> tuple[pa.Array, tuple[int, ...]]
     return array, (len(array),)
 
 
-def _is_list(kind: pa.DataType) -> bool:
-    return bool(pat.is_list(kind) or pat.is_large_list(kind))
-
-
 def _list_parts(array: pa.Array, name: str) -> tuple[pa.Array, np.ndarray] | None:
     """A list column's values and ``int64`` offsets from 0; ``None`` when its items have no
     tensor form (strings, lists, structs: left to ``to_pylist``)."""
     kind = array.type
-    if not _is_list(kind):
+    if not is_list(kind):
         return None
     item = kind.value_type
     if pat.is_dictionary(item):

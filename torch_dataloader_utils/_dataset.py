@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
+from . import _distributed
 from ._args import flag, optional_flag, optional_whole, whole
 from ._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetConfig
 from ._convert import warm_up
@@ -174,16 +175,10 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         first = path if isinstance(path, str) else next(iter(path), "")
         storage = Storage(first, storage_options)
         fmt = get_format(config.format)
-        index = build_index(
-            storage,
-            fmt,
-            path,
-            config.read_columns,
-            config.split_bytes,
-            # a collective only when asked for: the library calls dist.* only where told to
-            rank=self._rank if share_index else 0,
-            world_size=self._world_size if share_index else 1,
-        )
+        # a collective only when asked for: the library calls dist.* only where told to
+        shared = share_index and _distributed.spans_process_group(self._rank, self._world_size)
+        job = _distributed if shared else None
+        index = build_index(storage, fmt, path, config.read_columns, config.split_bytes, job=job)
         files = SourceFiles(
             storage=storage,
             fmt=fmt,
@@ -407,9 +402,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def save_state_global(self, dst_rank: int = 0) -> list[dict[str, Any]] | None:
         """Collective: every rank's ``state_dict()`` on ``dst_rank`` (``None`` elsewhere)."""
-        from ._distributed import gather_states
-
-        return gather_states(self.state_dict(), dst_rank)
+        return _distributed.gather_states(self.state_dict(), dst_rank)
 
     def restore_state_global(
         self,
@@ -423,9 +416,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         ``src_rank=None`` means every rank already holds the full list. With ``elastic=True``
         the list may come from a job with another ``world_size``/``num_workers``.
         """
-        from ._distributed import scatter_states
-
-        mine = scatter_states(states, src_rank, self._rank, self._world_size, elastic=elastic)
+        mine = _distributed.scatter_states(
+            states, src_rank, self._rank, self._world_size, elastic=elastic
+        )
         self.load_state_dict(mine, elastic=elastic)
 
     @property

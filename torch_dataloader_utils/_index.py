@@ -4,7 +4,8 @@ This is the only planning step that does I/O. Footers are read once, in parallel
 with the index to workers, which never read them again. Footers already in the local index
 cache (``_cache``) are not read at all; only new or changed files are. Under a
 ``torch.distributed`` process group whose ranks are the dataset's, rank 0 alone reads them and
-hands the index to the others (``_distributed.index_from_rank_zero``).
+hands the index to the others: the dataset passes the group's collectives in (a ``Job``, which
+``_distributed`` is), and this module calls no collective of its own.
 
 Files are named in states relative to the dataset's *root*, the deepest directory holding them
 all, so a copy of the files elsewhere (another node, a local copy of an S3 prefix) has the same
@@ -20,10 +21,11 @@ import math
 import os
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -32,15 +34,30 @@ import xxhash
 from tqdm.auto import tqdm
 
 from ._cache import IndexCache, open_cache, warn_once
-from ._convert import converted_row_bytes
 from ._errors import DataSourceError, SchemaMismatchError
 from ._footers import TailFile, content_fingerprint
 from ._formats import FileFormat, FileMetadata
 from ._log import log, some_names
 from ._plan import Split, cut_splits
+from ._row_bytes import converted_row_bytes
 from ._storage import FileEntry, Storage
 
-__all__ = ["DatasetIndex", "IndexedFile", "build_index"]
+__all__ = ["DatasetIndex", "IndexedFile", "Job", "build_index"]
+
+T = TypeVar("T")
+
+
+class Job(Protocol):
+    """The collectives over a job's ranks that indexing once per job needs."""
+
+    def on_every_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank."""
+        ...
+
+    def from_rank_zero(self, compute: Callable[[], T]) -> T:
+        """``compute()`` run on rank 0 only, its value (or its error) on every rank."""
+        ...
+
 
 _PROGRESS_MIN_FILES = 64
 _MAX_READ_THREADS = 32
@@ -180,25 +197,18 @@ def build_index(
     columns: Sequence[str] | None,
     split_bytes: int,
     *,
-    rank: int = 0,
-    world_size: int = 1,
+    job: Job | None = None,
 ) -> DatasetIndex:
     """List ``paths``, read the footers not cached (thread pool, progress bar), cut splits.
 
-    When a ``torch.distributed`` process group of ``world_size`` processes runs this as
-    ``rank`` (the dataset's ``share_index=True``), only rank 0 reads footers; the others take
-    its index if they list the same objects (they always list, which is cheap, so that no rank
-    reads files it did not see).
+    With ``job`` (the dataset's ranks are a process group's, and ``share_index=True``) only
+    rank 0 reads footers; the others take its index if they list the same objects (they always
+    list, which is cheap, so that no rank reads files it did not see).
     """
-    # Imported here: _distributed imports _state, which imports this module.
-    from ._distributed import spans_process_group
-
-    if spans_process_group(rank, world_size):
-        index = _index_once_per_job(storage, fmt, paths, columns, split_bytes)
-    else:
-        entries = storage.list_files(paths, extensions=fmt.extensions)
-        index = _index_of(storage, fmt, entries, columns, split_bytes)
-    return index
+    if job is not None:
+        return _index_once_per_job(storage, fmt, paths, columns, split_bytes, job)
+    entries = storage.list_files(paths, extensions=fmt.extensions)
+    return _index_of(storage, fmt, entries, columns, split_bytes)
 
 
 def _index_once_per_job(
@@ -207,14 +217,13 @@ def _index_once_per_job(
     paths: str | Sequence[str],
     columns: Sequence[str] | None,
     split_bytes: int,
+    job: Job,
 ) -> DatasetIndex:
     """Rank 0's index on every rank that lists the same objects; the others build their own.
 
     When every rank finds every footer in its index cache, each builds from it: that is
     cheaper than pickling the index on rank 0 and unpickling it everywhere.
     """
-    from ._distributed import from_rank_zero, on_every_rank
-
     listed: list[FileEntry] | Exception
     cached = None
     try:
@@ -223,7 +232,7 @@ def _index_once_per_job(
         cached = _all_cached(storage, fmt, listed)
     except Exception as exc:  # every rank must still join the collectives, or the others hang
         listed, key = exc, ""
-    if on_every_rank(cached is not None) and cached and not isinstance(listed, Exception):
+    if job.on_every_rank(cached is not None) and cached and not isinstance(listed, Exception):
         return _assemble(storage, listed, cached, columns, split_bytes)
 
     def build() -> tuple[str, DatasetIndex]:
@@ -231,7 +240,7 @@ def _index_once_per_job(
             raise listed
         return key, _index_of(storage, fmt, listed, columns, split_bytes)
 
-    theirs, index = from_rank_zero(build)
+    theirs, index = job.from_rank_zero(build)
     if isinstance(listed, Exception):
         raise listed
     if theirs == key:
