@@ -30,7 +30,7 @@ from torch_dataloader_utils import (
 )
 from torch_dataloader_utils import _reader as reader_module
 from torch_dataloader_utils._packets import _lengths
-from torch_dataloader_utils._transport import Derived, Packet, SharedSlots, _Unjoined, pack
+from torch_dataloader_utils._transport import Derived, Packet, SharedSlots, Unjoined, pack
 
 FORK = {"multiprocessing_context": "fork"}  # workers inherit the test's monkeypatches
 
@@ -263,7 +263,7 @@ def test_pack_keeps_scalars_one_per_batch() -> None:
     parts = [{"id": torch.arange(3), "n": 3}, {"id": torch.arange(3, 5), "n": 2}]
     assert _lengths(parts) == [{"id": 3, "n": 0}, {"id": 2, "n": 0}]
     packet = pack(slots, 0, 0, parts, _lengths(parts), [3, 5], last=True, seq=4)
-    assert packet.payload["n"] == _Unjoined([3, 2]) and packet.seq == 4
+    assert packet.payload["n"] == Unjoined([3, 2]) and packet.seq == 4
     (a, _), (b, _) = packet.unpack(slots)
     assert a["n"] == 3 and b["n"] == 2 and b["id"].tolist() == [3, 4]
 

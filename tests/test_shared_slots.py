@@ -17,7 +17,7 @@ import torch
 from _data import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils._transport import SharedSlots, _Slab
+from torch_dataloader_utils._transport import SharedSlots, Slab
 
 
 @pytest.fixture
@@ -54,11 +54,11 @@ def test_slot_is_lent_until_its_views_are_gone() -> None:
     first = slots.acquire(0, slots.generation())
     assert first is not None
     assert slots.lend_or_copy(0, first)
-    view = slots.view(0, first, _Slab(0, torch.int64, (8,), False))
+    view = slots.view(0, first, Slab(0, torch.int64, (8,), False))
     second = slots.acquire(0, slots.generation())
     assert second is not None and second != first
     assert slots.lend_or_copy(0, second)
-    other = slots.view(0, second, _Slab(0, torch.int64, (8,), False))
+    other = slots.view(0, second, Slab(0, torch.int64, (8,), False))
     third = slots.acquire(0, slots.generation())
     assert not slots.lend_or_copy(0, third), "at most slots - 2 are lent"
     slots.free(0, third)  # copied out
@@ -84,7 +84,11 @@ def test_waiting_worker_gives_up_when_the_iteration_ends() -> None:
 
 def test_persistent_workers_follow_set_epoch_without_a_restart(dataset_dir: Path) -> None:
     loader, dataset = StructuredDataset.create_dataloader(
-        str(dataset_dir), batch_size=64, num_workers=2, shuffle=True, split_bytes=4096,
+        str(dataset_dir),
+        batch_size=64,
+        num_workers=2,
+        shuffle=True,
+        split_bytes=4096,
         persistent_workers=True,
     )
     epochs = []

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from ._errors import UnsendableBatchError
 from ._stream import Position, Run
-from ._transport import Packet, SharedSlots, _Slab, _Unjoined, pack, tensor_bytes
+from ._transport import Packet, SharedSlots, Slab, Unjoined, pack, tensor_bytes
 
 __all__ = [
     "WorkerFailure",
@@ -166,7 +166,7 @@ def _pickle_payload(packet: Packet, slots: SharedSlots) -> None:
 def _always_pickles(value: Any) -> bool:
     if isinstance(value, np.ndarray):
         return bool(value.dtype != object)
-    return isinstance(value, _Slab)
+    return isinstance(value, Slab)
 
 
 def _pickled(value: Any, key: str | None = None) -> _Pickled:
@@ -185,7 +185,7 @@ def _describe(value: Any, key: str | None) -> str:
     if key is None:  # the batches as they are: name a column when one is to blame
         columns = (_unpicklable_value(b) for b in value if isinstance(b, dict))
         return next((c for c in columns if c), f"a batch of type {_types(value)}")
-    if isinstance(value, _Unjoined):
+    if isinstance(value, Unjoined):
         return f"column {key!r} (per-batch values of type {_types(value.values)})"
     return f"column {key!r} ({type(value).__name__})"
 

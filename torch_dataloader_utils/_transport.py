@@ -39,7 +39,7 @@ from ._compat import new_shared_storage, storage_use_count
 from ._convert import JaggedArray, JaggedTensorParts, is_jagged, jagged
 from ._stream import Position
 
-__all__ = ["Derived", "Packet", "SharedSlots", "pack", "tensor_bytes"]
+__all__ = ["Derived", "Packet", "SharedSlots", "Slab", "Unjoined", "pack", "tensor_bytes"]
 
 _ALIGN = 64
 _FREE, _BUSY = 0, 1
@@ -51,7 +51,7 @@ _GUARDED: set[int] = set()  # worker processes whose parent guard thread runs
 
 
 @dataclass(frozen=True)
-class _Slab:
+class Slab:
     """A tensor stored at byte ``offset`` of a slot; ``numpy`` restores a numpy array."""
 
     offset: int
@@ -200,7 +200,7 @@ class SharedSlots:
         for wake in self._wake:
             wake.release()
 
-    def view(self, worker: int, slot: int, slab: _Slab) -> torch.Tensor:
+    def view(self, worker: int, slot: int, slab: Slab) -> torch.Tensor:
         nbytes = int(np.prod(slab.shape)) * _itemsize(slab.dtype)
         raw = self.buffers[worker][slot][slab.offset : slab.offset + nbytes]
         return raw.view(slab.dtype).view(slab.shape)
@@ -306,7 +306,7 @@ def pack(
         for key in parts[0]:
             values = [p[key] for p in parts]
             if any(_is_scalar(v) for v in values):
-                payload[key] = _Unjoined(values)
+                payload[key] = Unjoined(values)
                 continue
             payload[key], offset = _join(
                 values, lambda slab: slots.view(worker, slot, slab), offset, slots.slot_bytes
@@ -346,7 +346,7 @@ def _join(values: list[Any], view: Any, offset: int, end: int) -> tuple[Any, int
     if jagged is not None:
         return _join_jagged(*jagged, view, offset, end)
     if isinstance(first, JaggedTensorParts):  # items of different types: one value per batch
-        return _Unjoined([v.nested() for v in values]), offset
+        return Unjoined([v.nested() for v in values]), offset
     numeric = isinstance(first, torch.Tensor) or (
         isinstance(first, np.ndarray) and first.dtype != object
     )
@@ -354,7 +354,7 @@ def _join(values: list[Any], view: Any, offset: int, end: int) -> tuple[Any, int
         shape = (sum(v.shape[0] for v in values), *first.shape[1:])
         is_numpy = isinstance(first, np.ndarray)
         dtype = torch.from_numpy(np.empty(0, first.dtype)).dtype if is_numpy else first.dtype
-        slab = _Slab(offset, dtype, shape, is_numpy)
+        slab = Slab(offset, dtype, shape, is_numpy)
         nbytes = int(np.prod(shape)) * _itemsize(dtype)
         if offset + nbytes > end:  # larger than a slot: let torch share it on its own
             joined = np.concatenate(values) if is_numpy else torch.cat(values)
@@ -365,13 +365,13 @@ def _join(values: list[Any], view: Any, offset: int, end: int) -> tuple[Any, int
         return [item for value in values for item in value], offset
     if isinstance(first, np.ndarray) and all(isinstance(v, np.ndarray) for v in values):
         return np.concatenate(values), offset
-    return _Unjoined(values), offset
+    return Unjoined(values), offset
 
 
 @dataclass(frozen=True)
 class _Jagged:
     """A jagged column joined across parts: every row's values, then ``int64`` offsets from 0
-    (rows + 1); each a ``_Slab`` in the slot, or a tensor when the slot is too small."""
+    (rows + 1); each a ``Slab`` in the slot, or a tensor when the slot is too small."""
 
     values: Any
     offsets: Any
@@ -399,9 +399,9 @@ def _join_jagged(
     """Values one after another (as ``_join`` does), offsets shifted by the rows before."""
     rows = sum(len(o) - 1 for o in offsets)
     values, after = _join(parts, view, offset, end)
-    slab = _Slab(after, torch.int64, (rows + 1,), is_numpy)
+    slab = Slab(after, torch.int64, (rows + 1,), is_numpy)
     nbytes = (rows + 1) * 8
-    if isinstance(values, _Slab) and after + nbytes <= end:
+    if isinstance(values, Slab) and after + nbytes <= end:
         _shifted(offsets, view(slab).numpy())
         return _Jagged(values, slab, is_numpy), after + (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
     joined = np.empty(rows + 1, dtype=np.int64)
@@ -445,7 +445,7 @@ class Derived:
 
 
 @dataclass(frozen=True)
-class _Unjoined:
+class Unjoined:
     """A column whose per-batch values could not be joined; kept one per batch."""
 
     values: list[Any]
@@ -467,11 +467,11 @@ def _completed(batch: dict[str, Any], pin: bool) -> dict[str, Any]:
 
 def _cut(value: Any, lengths: list[int], view: Any, lend: bool, pin: bool) -> list[Any]:
     """A joined column cut back into per-batch values (slot views, or copies of them)."""
-    if isinstance(value, _Unjoined):
+    if isinstance(value, Unjoined):
         return value.values
     if isinstance(value, _Jagged):
         return _cut_jagged(value, lengths, view, lend, pin)
-    if isinstance(value, _Slab):
+    if isinstance(value, Slab):
         parts = torch.split(view(value), lengths)
         if not lend:
             parts = tuple(p.pin_memory() if pin else p.clone() for p in parts)
@@ -485,10 +485,10 @@ def _cut(value: Any, lengths: list[int], view: Any, lend: bool, pin: bool) -> li
 def _cut_jagged(value: _Jagged, lengths: list[int], view: Any, lend: bool, pin: bool) -> list[Any]:
     """Per-batch jagged values: views of the joined values (copies unless the slot is lent),
     offsets rebased to 0 (always new: they are small)."""
-    in_slot = isinstance(value.values, _Slab)
+    in_slot = isinstance(value.values, Slab)
     values = view(value.values) if in_slot else torch.as_tensor(value.values)
     offsets = value.offsets
-    bounds = view(offsets).numpy() if isinstance(offsets, _Slab) else offsets
+    bounds = view(offsets).numpy() if isinstance(offsets, Slab) else offsets
     out: list[Any] = []
     row = 0
     for length in lengths:
