@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.utils.data
 
@@ -22,6 +22,7 @@ from ._epoch import Epochs, Progress, Start
 from ._formats import get_format
 from ._handout import Mark
 from ._index import DatasetIndex, build_index
+from ._loader import StructuredDataLoader
 from ._log import log
 from ._mix_epochs import (
     AnyProgress,
@@ -42,9 +43,6 @@ from ._stream import ChunkSource, SourceFiles
 from ._tokens import TokenPacking
 from ._transport import SharedSlots
 from ._world import World, detect_ranks, detect_worker
-
-if TYPE_CHECKING:
-    from ._loader import StructuredDataLoader
 
 __all__ = ["Iteration", "StructuredDataset"]
 
@@ -283,8 +281,6 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         **dataloader_kwargs: Any,
     ) -> tuple[StructuredDataLoader, StructuredDataset]:
         """``(loader, dataset)``: the loader records what it hands out and resumes exactly."""
-        from ._loader import StructuredDataLoader
-
         if "shuffle_window" in dataloader_kwargs:
             raise TypeError(_NO_SHUFFLE_WINDOW)
         dataset = cls(

@@ -7,13 +7,12 @@ import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
 from ._args import loader_options
 from ._compat import ACCELERATE_PREPARED, accelerator_available, shutdown_workers
-from ._dataset import StructuredDataset
 from ._errors import CheckpointMismatchError, LostBatchesError, UnsendableBatchError
 from ._handout import KEEP, HandOuts
 from ._log import log
@@ -21,6 +20,9 @@ from ._mix_epochs import AnyProgress
 from ._packets import WorkerFailure, slot_bytes
 from ._stream import Position
 from ._transport import Packet, SharedSlots
+
+if TYPE_CHECKING:  # the dataset builds its loader (create_dataloader): a type, not an import
+    from ._dataset import StructuredDataset
 
 __all__ = ["StructuredDataLoader"]
 
