@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.types as pat
 
-__all__ = ["as_arrow", "numbers", "pooled"]
+__all__ = ["as_arrow", "is_number", "numbers", "pooled"]
+
+
+def is_number(kind: pa.DataType) -> bool:
+    """Is ``kind`` a number per row (integer or float)?"""
+    return bool(pat.is_integer(kind) or pat.is_floating(kind))
 
 
 def numbers(array: pa.Array) -> np.ndarray:

@@ -55,6 +55,7 @@ import pyarrow.types as pat
 import torch
 from torch.utils.dlpack import from_dlpack
 
+from ._arrays import is_number
 from ._row_bytes import is_list
 from ._window import Rows
 
@@ -174,7 +175,7 @@ def _tensor(array: pa.Array | np.ndarray, name: str, copy: bool, nested: bool = 
     if isinstance(array, np.ndarray):  # a plain column of gathered rows
         return torch.from_numpy(array)
     kind = array.type
-    if not array.null_count and (pat.is_integer(kind) or pat.is_floating(kind)):
+    if not array.null_count and is_number(kind):
         return _shared(array, (len(array),), copy)  # most columns: nothing else to check
     array = _decoded(array)
     parts = _list_parts(array, name)

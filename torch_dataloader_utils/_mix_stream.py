@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.types as pat
 
-from ._arrays import as_arrow, numbers
+from ._arrays import as_arrow, is_number, numbers
 from ._errors import DataSourceError
 from ._mix_epochs import MixedProgress, MixPosition
 from ._schedule import Interleave
@@ -281,7 +280,7 @@ def _column(
     places in ``mixed``."""
     every = [p for part in pieces for p in part]
     arrow = [p for p in every if isinstance(p, pa.Array)]
-    if (pat.is_integer(kind) or pat.is_floating(kind)) and not any(p.null_count for p in arrow):
+    if is_number(kind) and not any(p.null_count for p in arrow):
         # numpy's memory: a chunk's column (~128 KiB) comes back from malloc without page
         # faults; Arrow's pool (mimalloc) gives such blocks back to the system when freed
         out = np.empty(len(mixed.sources), dtype=kind.to_pandas_dtype())

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
 
-from ._arrays import as_arrow, numbers, pooled
+from ._arrays import as_arrow, is_number, numbers, pooled
 
 __all__ = ["Rows", "Window", "gather", "owned"]
 
@@ -59,7 +59,7 @@ class Window:
         if not self._puts:  # the first part: the columns' layout
             self.schema = part.schema
             every = range(len(part.schema))
-            self._plain = [i for i in every if _is_number(part.schema.field(i).type)]
+            self._plain = [i for i in every if is_number(part.schema.field(i).type)]
             self._dtype = _record_dtype(part.schema, self._plain)
             self._records = pooled(self.num_rows, self._dtype)
             self._held = {i: [] for i in every if i not in self._plain}
@@ -208,7 +208,7 @@ def _is_number_list(kind: pa.DataType, arrays: list[pa.Array]) -> bool:
     if not (pat.is_list(kind) or pat.is_large_list(kind)):
         return False
     item = kind.value_type
-    if not (pat.is_integer(item) or pat.is_floating(item)):
+    if not is_number(item):
         return False
     if any(array.null_count or array.flatten().null_count for array in arrays):
         return False
@@ -230,11 +230,6 @@ def _covers(puts: list[tuple[int, int]], rows: int) -> bool:
             return False
         row += count
     return row == rows
-
-
-def _is_number(kind: pa.DataType) -> bool:
-    """Is ``kind`` a number per row (integer or float)?"""
-    return bool(pat.is_integer(kind) or pat.is_floating(kind))
 
 
 def _record_dtype(schema: pa.Schema, plain: list[int]) -> np.dtype[np.void]:
