@@ -23,7 +23,7 @@ from ._window import Rows, gather
 __all__ = ["MixedSource"]
 
 # Mixed positions assembled at a time (at least a batch): one scatter of every column per chunk.
-_MIX_ROWS = 16_384
+_MIX_ROWS = 65_536
 # Chunks without a token a packed source may read in a row before it is refused.
 _MAX_EMPTY_CHUNKS = 1000
 

@@ -160,8 +160,8 @@ class Schedule:
 
 # Interleaves kept per process: a stream reads chunks of equal length, whose offsets in the
 # period come back after at most ``period / gcd(period, chunk)`` chunks (5 for ``7:2:1`` and
-# 16,384 positions; 10 bytes a position).
-@lru_cache(maxsize=16)
+# 65,536 positions; 10 bytes a position: 5.2 MB at most).
+@lru_cache(maxsize=8)
 def _periodic_interleave(reduced: tuple[int, ...], offset: int, length: int) -> Interleave:
     """The interleave of ``length`` positions of the unpermuted schedule of ``reduced`` from
     ``offset`` in its period."""
