@@ -429,6 +429,37 @@ def test_sources_may_differ_in_format_and_split_size(tmp_path: Path) -> None:
     assert len(ids_read) == 100 and math.isclose((ids_read >= _SPAN).mean(), 0.4)
 
 
+def test_a_source_may_have_its_own_shuffle_budget(tmp_path: Path) -> None:
+    """``Source(shuffle_memory_bytes=)`` sizes that source's windows (the others keep the
+    dataset's), is recorded in its state, and a resume under another budget names the source."""
+    a, b = write_source(tmp_path, "a", 0, 400, 4), write_source(tmp_path, "b", 1, 200)
+
+    def mixture(budget: int) -> tuple[Any, StructuredDataset]:
+        return StructuredDataset.create_dataloader(
+            {"a": Source(path=a, shuffle_memory_bytes=budget), "b": b}, weights={"a": 2, "b": 1},
+            batch_size=10, shuffle=True, shuffle_memory_bytes=1 << 20,
+        )  # fmt: skip
+
+    loader, ds = mixture(4096)
+    windows = [epochs.window_rows for epochs in ds._epochs.sources]
+    assert windows[0] == 4096 // (3 * ds._epochs.sources[0].index.file_row_bytes) < windows[1]
+    batches = iter(loader)
+    seen = [i for batch in itertools.islice(batches, 5) for i in batch["id"].tolist()]
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert [state["sources"][n]["_shuffle_memory_bytes"] for n in "ab"] == [4096, 1 << 20]
+    seen += [i for batch in batches for i in batch["id"].tolist()]
+    assert sorted(seen) == list(range(400)) + list(range(_SPAN, _SPAN + 200))
+
+    resumed, _ = mixture(4096)
+    resumed.load_state_dict(state)
+    assert [i for b in resumed for i in b["id"].tolist()] == seen[50:]
+    other, _ = mixture(8192)
+    with pytest.raises(CheckpointMismatchError, match=r"source 'a'.*shuffle_memory_bytes"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="source 'a': shuffle_memory_bytes=100 is below"):
+        mixture(100)
+
+
 # ----------------------------------------------------------------------------- packed mixtures
 
 

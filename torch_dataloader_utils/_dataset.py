@@ -210,10 +210,14 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         )  # fmt: skip
         sources, files = [], []
         for spec in specs:
-            own = replace(
-                config, format=spec.format, split_bytes=spec.split_bytes,
-                shuffle_seed=source_seed(config.shuffle_seed, spec.name),
-            )  # fmt: skip
+            try:
+                own = replace(
+                    config, format=spec.format, split_bytes=spec.split_bytes,
+                    shuffle_seed=source_seed(config.shuffle_seed, spec.name),
+                    shuffle_memory_bytes=spec.memory_bytes or config.shuffle_memory_bytes,
+                )  # fmt: skip
+            except ValueError as exc:
+                raise ValueError(f"source {spec.name!r}: {exc}") from exc
             index, opened = self._source(spec.path, own, spec.storage_options, share_index)
             sources.append(
                 Epochs(index=index, config=own, rank=self._rank, world_size=self._world_size,

@@ -17,7 +17,7 @@ __all__ = ["Source", "SourceSpec", "check_schemas", "mixture_sources"]
 @dataclass(frozen=True, kw_only=True)
 class Source:
     """A dataset of a mixture where it differs from the others: its files, and (``None``: the
-    dataset's argument) its format, storage options and split size.
+    dataset's argument) its format, storage options, split size and shuffle memory budget.
 
     ``create_dataloader({"web": Source(path="s3://web/", storage_options=...), "code":
     "data/code/"}, weights={"web": 7, "code": 3})``; a plain path stands for ``Source(path=...)``.
@@ -25,12 +25,16 @@ class Source:
     A source cycles through its epochs; with ``max_epochs`` each stream reads at most that many
     epochs of it, and then ``when_exhausted="renormalize"`` lets the other sources go on under
     their own weights, ``"stop"`` ends the stream.
+
+    Each source shuffles in windows of its own: a stream of a mixture holds up to the sum of
+    its sources' ``shuffle_memory_bytes`` (``docs/mixing.md``).
     """
 
     path: str | Sequence[str]
     format: str | None = None
     storage_options: Mapping[str, Any] | None = None
     split_bytes: int | None = None
+    shuffle_memory_bytes: int | None = None
     max_epochs: int | None = None
     when_exhausted: str = "renormalize"
 
@@ -45,6 +49,7 @@ class SourceSpec:
     format: str
     storage_options: Mapping[str, Any] | None
     split_bytes: int
+    memory_bytes: int | None  # None: the dataset's shuffle_memory_bytes
     max_epochs: int | None
     stops: bool
 
@@ -90,6 +95,11 @@ def mixture_sources(
                 split_bytes=split_bytes
                 if source.split_bytes is None
                 else whole(f"split_bytes of source {name!r}", source.split_bytes, at_least=1),
+                memory_bytes=optional_whole(
+                    f"shuffle_memory_bytes of source {name!r}",
+                    source.shuffle_memory_bytes,
+                    at_least=1,
+                ),
                 max_epochs=optional_whole(
                     f"max_epochs of source {name!r}", source.max_epochs, at_least=1
                 ),
