@@ -8,10 +8,12 @@ Data (``bench_output/mixing``): three sources written by ``ensure_dataset`` (``i
    sizes, so an epoch reads every row about once) over one epoch, against ONE dataset of the
    same ten files (the same rows): median of per-round ratios over interleaved rounds, each
    contender one loader (persistent workers) warmed by one untimed epoch; unshuffled and
-   shuffled, ``num_workers`` 0 and 2. Target ≥ 0.9. Beside it, each epoch's first batch (a
-   mixture decodes a first chunk of every source before it) and the ratio of the rows after it
-   (the rate a long epoch runs at: an epoch here lasts 0.1-0.3 s, so its start weighs on the
-   epoch's figure as it does not on a training run's). The same for rows of token lists
+   shuffled, ``num_workers`` 0 and 2; the mixture given the memory of one source (each source
+   shuffles in windows of its own: ``shuffle_memory_bytes`` = the default / 3). Target ≥ 0.9.
+   Beside it, each epoch's first batch (a mixture decodes a first chunk of every source before
+   it) and the ratio of the rows after it (the rate a long epoch runs at: an epoch here lasts
+   0.1-0.3 s, so its start weighs on the epoch's figure as it does not on a training run's).
+   The same for rows of token lists
    (``bench_shuffle``'s ``tokens`` data, 64-511 ``int32`` a row: 8 files as sources of 4, 3
    and 1 files, weights 4:3:1), the layout language models are mixed from;
 2. **state**: ``state_dict()`` of a mixture of 3 and of 30 sources (30: each file of the pool a
@@ -39,6 +41,7 @@ from _bench_util import ensure_dataset, machine_note, paired, per_call, quiet_se
 from _shuffle_data import FULL, QUICK, token_data
 
 from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils._config import DEFAULT_SHUFFLE_MEMORY_BYTES
 from torch_dataloader_utils._epoch import Start
 from torch_dataloader_utils._mix_state import encode_mixture
 
@@ -88,8 +91,12 @@ def throughput(
         for workers in (0, 2):
             common = {"batch_size": BATCH, "shuffle": shuffle, "num_workers": workers,
                       "persistent_workers": workers > 0}  # fmt: skip
+            # the memory of one source: each source shuffles in windows of its own budget
+            budget = {"shuffle_memory_bytes": DEFAULT_SHUFFLE_MEMORY_BYTES // len(sources)}
             loaders = {
-                "mixture": StructuredDataset.create_dataloader(sources, weights=weights, **common),
+                "mixture": StructuredDataset.create_dataloader(
+                    sources, weights=weights, **common, **budget
+                ),
                 "one source": StructuredDataset.create_dataloader(every, **common),
             }
             runs: dict[str, list[float]] = {name: [] for name in loaders}
