@@ -201,7 +201,7 @@ class SharedSlots:
             wake.release()
 
     def view(self, worker: int, slot: int, slab: Slab) -> torch.Tensor:
-        nbytes = int(np.prod(slab.shape)) * _itemsize(slab.dtype)
+        nbytes = int(np.prod(slab.shape)) * slab.dtype.itemsize
         raw = self.buffers[worker][slot][slab.offset : slab.offset + nbytes]
         return raw.view(slab.dtype).view(slab.shape)
 
@@ -355,7 +355,7 @@ def _join(values: list[Any], view: Any, offset: int, end: int) -> tuple[Any, int
         is_numpy = isinstance(first, np.ndarray)
         dtype = torch.from_numpy(np.empty(0, first.dtype)).dtype if is_numpy else first.dtype
         slab = Slab(offset, dtype, shape, is_numpy)
-        nbytes = int(np.prod(shape)) * _itemsize(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
         if offset + nbytes > end:  # larger than a slot: let torch share it on its own
             joined = np.concatenate(values) if is_numpy else torch.cat(values)
             return joined, offset
@@ -505,7 +505,3 @@ def _cut_jagged(value: _Jagged, lengths: list[int], view: Any, lend: bool, pin: 
             out.append(jagged(part, rebased))
         row += length
     return out
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
