@@ -39,7 +39,7 @@ soak: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check torch_dataloader_utils
+	$(VENV)/bin/ruff format --check torch_dataloader_utils tests benchmarks examples
 	$(VENV)/bin/mypy
 
 BENCH_STAMP := $(VENV)/.installed-bench

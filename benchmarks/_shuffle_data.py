@@ -135,4 +135,3 @@ def describe(datas: dict[str, Data]) -> None:
         print(f"  {name:<11}{len(data.paths):>3} file(s), {data.total:>10,} rows, "
               f"{size / 2**20:6.0f} MiB stored, {data.decoded / 2**20:6.0f} MiB decoded "
               f"({', '.join(data.columns)})")  # fmt: skip
-

@@ -47,9 +47,12 @@ def _union_table() -> pa.Table:
 
 
 def _write_ipc(path: Path, batches: list[pa.RecordBatch], **options: object) -> Path:
-    with pa.OSFile(str(path), "wb") as sink, pyarrow.ipc.new_file(
-        sink, batches[0].schema, options=pyarrow.ipc.IpcWriteOptions(**options)
-    ) as writer:
+    with (
+        pa.OSFile(str(path), "wb") as sink,
+        pyarrow.ipc.new_file(
+            sink, batches[0].schema, options=pyarrow.ipc.IpcWriteOptions(**options)
+        ) as writer,
+    ):
         for batch in batches:
             writer.write_batch(batch)
     return path

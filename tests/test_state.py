@@ -242,8 +242,13 @@ def _small_state(**settings: object) -> tuple[DatasetIndex, dict, Settings]:
 
 @pytest.mark.parametrize(
     ("version", "why"),
-    [(1, "row by row"), (2, "mtime or ETag"), (3, "random order"), (4, "consecutive windows"),
-     (5, "whole splits")],
+    [
+        (1, "row by row"),
+        (2, "mtime or ETag"),
+        (3, "random order"),
+        (4, "consecutive windows"),
+        (5, "whole splits"),
+    ],
 )
 def test_old_version_states_are_refused_with_what_to_do(version: int, why: str):
     index, state, settings = _small_state(shuffle=True, window_rows=40)
@@ -267,9 +272,10 @@ def test_an_unshuffled_state_of_version_4_or_5_still_loads(version: int):
     or 5 means the same rows, a shuffled one does not."""
     index, state, settings = _small_state(shuffle=False)
     state["version"] = version
-    assert decode(state, index=index, settings=settings).streams == decode(
-        {**state, "version": STATE_VERSION}, index=index, settings=settings
-    ).streams
+    assert (
+        decode(state, index=index, settings=settings).streams
+        == decode({**state, "version": STATE_VERSION}, index=index, settings=settings).streams
+    )
 
 
 def test_negative_shuffle_seed_is_accepted_other_negatives_are_not():
