@@ -69,7 +69,16 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         return _handed_out(batches, self.dataset, self._handouts)
 
     def _unpacked(self) -> Iterator[Any]:
-        """Batches in strict round-robin over workers from the cursor, whatever the packet sizes."""
+        """Batches in strict round-robin over workers from the cursor, whatever the packet sizes.
+
+        A generator: nothing runs before the training loop's first ``next``. That is when
+        the iteration's start is taken (``_next_start``), the workers start (a resume always
+        starts new ones, which carry the start in their copy of the dataset; persistent ones
+        learn a fresh epoch through the slots), and the dataset's next iteration is reset to
+        a fresh epoch (``_iteration``). Closed early (the loop broke), it keeps persistent
+        workers; an error, or the end without persistent workers, stops them. Either way the
+        slots' generation ends, so a worker still waiting for a slot gives up.
+        """
         dataset = self.dataset
         start = dataset._next_start
         # Persistent workers learn a fresh epoch through the slots; a resume needs new workers,

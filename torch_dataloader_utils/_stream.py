@@ -660,6 +660,13 @@ def _runs(
 ) -> Iterator[Run]:
     """Runs of ``next(sizes)`` batches each; rows are sliced, never copied.
 
+    Invariant, at every step: the rows of ``run.chunks`` followed by ``chunk[taken:offset]``
+    are the run's complete batches (``run.lengths``) and then the first ``have`` rows of the
+    batch being filled; ``mark`` is the stream position after ``chunk``'s last row, so the
+    batch that ends at ``chunk``'s row ``offset`` ends at ``mark - (chunk.num_rows - offset)``.
+    A run is yielded as soon as its last batch is complete, and the rest of the chunk begins
+    the next one.
+
     ``last_full = (p, end)``: the batch ending at position ``p`` stands for ``end`` (the rows
     after it are dropped).
     """

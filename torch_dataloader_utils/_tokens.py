@@ -119,7 +119,15 @@ class TokenPacking:
 class Pending:
     """Tokens read but not yet in a batch (the chunks' arrays, not joined: a batch is a view
     of one unless it spans two), and the documents they come from (one entry per row, empty
-    ones too): its stream row, its first token, the tokens skipped before."""
+    ones too): its stream row, its first token, the tokens skipped before.
+
+    Invariant: ``starts`` is non-decreasing within ``[0, size]``; document ``i``'s pending
+    tokens are ``[starts[i], starts[i + 1])`` (the last one's run to ``size``), and
+    ``skipped[i]`` of its tokens were delivered (or skipped by a resume) before them. So the
+    stream position after pending token ``t`` is row ``rows[i]`` with ``skipped[i] + t + 1 -
+    starts[i]`` of its tokens delivered, or the next row once those are all of it
+    (``position_after``); ``drop`` keeps the invariant for the tokens left.
+    """
 
     parts: list[npt.NDArray[Any]]
     rows: IntArray
