@@ -206,7 +206,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             )
         specs = mixture_sources(
             paths, weights, format=config.format, storage_options=storage_options,
-            split_bytes=config.split_bytes,
+            split_bytes=config.split_bytes, shuffle_memory_bytes=config.shuffle_memory_bytes,
         )  # fmt: skip
         sources, files = [], []
         for spec in specs:
@@ -214,7 +214,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 own = replace(
                     config, format=spec.format, split_bytes=spec.split_bytes,
                     shuffle_seed=source_seed(config.shuffle_seed, spec.name),
-                    shuffle_memory_bytes=spec.memory_bytes or config.shuffle_memory_bytes,
+                    shuffle_memory_bytes=spec.memory_bytes,
                 )  # fmt: skip
             except ValueError as exc:
                 raise ValueError(f"source {spec.name!r}: {exc}") from exc

@@ -49,7 +49,7 @@ class SourceSpec:
     format: str
     storage_options: Mapping[str, Any] | None
     split_bytes: int
-    memory_bytes: int | None  # None: the dataset's shuffle_memory_bytes
+    memory_bytes: int
     max_epochs: int | None
     stops: bool
 
@@ -61,6 +61,7 @@ def mixture_sources(
     format: str,
     storage_options: Mapping[str, Any] | None,
     split_bytes: int,
+    shuffle_memory_bytes: int,
 ) -> tuple[SourceSpec, ...]:
     """The sources of ``paths``, in its order, with ``weights``: one positive int per name."""
     if not paths:
@@ -95,7 +96,9 @@ def mixture_sources(
                 split_bytes=split_bytes
                 if source.split_bytes is None
                 else whole(f"split_bytes of source {name!r}", source.split_bytes, at_least=1),
-                memory_bytes=optional_whole(
+                memory_bytes=shuffle_memory_bytes
+                if source.shuffle_memory_bytes is None
+                else whole(
                     f"shuffle_memory_bytes of source {name!r}",
                     source.shuffle_memory_bytes,
                     at_least=1,
