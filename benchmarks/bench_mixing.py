@@ -71,15 +71,17 @@ def token_sources(quick: bool) -> dict[str, list[str]]:
     return {"web": paths[: cut[0]], "code": paths[cut[0] : cut[1]], "math": paths[cut[1] :]}
 
 
-def epoch_rows(loader: Any, dataset: StructuredDataset, epoch: int) -> tuple[float, float, int]:
-    """Seconds of one epoch, seconds to its first batch, and its rows."""
+def epoch_rows(
+    loader: Any, dataset: StructuredDataset, epoch: int
+) -> tuple[float, float, int, int]:
+    """Seconds of one epoch, seconds to its first batch, its rows, and the first batch's."""
     dataset.set_epoch(epoch)
     start = time.perf_counter()
     batches = iter(loader)
-    rows = len(next(batches)["id"])
+    first_rows = len(next(batches)["id"])
     first = time.perf_counter() - start
-    rows += sum(len(batch["id"]) for batch in batches)
-    return time.perf_counter() - start, first, rows
+    rows = first_rows + sum(len(batch["id"]) for batch in batches)
+    return time.perf_counter() - start, first, rows, first_rows
 
 
 def throughput(
@@ -106,9 +108,9 @@ def throughput(
                 epoch_rows(loader, ds, 0)  # warm: workers, caches
             for r in range(rounds):
                 for name, (loader, ds) in loaders.items():
-                    seconds, first, rows = epoch_rows(loader, ds, r + 1)
+                    seconds, first, rows, first_rows = epoch_rows(loader, ds, r + 1)
                     runs[name].append(rows / seconds)
-                    after[name].append(rows / (seconds - first))
+                    after[name].append((rows - first_rows) / (seconds - first))
                     firsts[name].append(first)
             ratio = paired(runs, "mixture", "one source")["paired_median"]
             out.append({
