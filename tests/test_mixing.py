@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,7 @@ from torch_dataloader_utils import (
     Source,
     StructuredDataset,
     TokenPacking,
+    _mix_stream,
 )
 from torch_dataloader_utils._epoch import Start
 from torch_dataloader_utils._mix_state import encode_mixture
@@ -147,6 +149,8 @@ def mixtures(draw: Any) -> dict[str, Any]:
         "batch_size": draw(st.integers(1, 17)),
         "shuffle": draw(st.booleans()),
         "per_epoch": draw(st.one_of(st.none(), st.integers(12, 200))),
+        # positions mixed at a time (at least a batch): small, so an epoch crosses chunks
+        "mix_rows": draw(st.integers(1, 64)),
     }
 
 
@@ -162,17 +166,18 @@ def test_every_row_of_a_source_once_per_source_epoch(
     weights = dict(zip(paths, case["weights"], strict=True))
     per_stream: list[list[np.ndarray]] = []
     batches_per_rank = []
-    for rank in range(case["world_size"]):
-        ds = StructuredDataset(
-            paths, weights=weights, batch_size=case["batch_size"], shuffle=case["shuffle"],
-            rank=rank, world_size=case["world_size"], epoch_size=case["per_epoch"],
-        )  # fmt: skip
-        epochs = [stream_batches(ds, e, case["workers"]) for e in range(3)]
-        batches_per_rank.append(sum(len(b) for b in epochs[0]))
-        for w in range(max(1, case["workers"])):
-            ids = np.concatenate([b for epoch in epochs for b in epoch[w]])
-            assert_within_one(ids, case["weights"], case["batch_size"])
-            per_stream.append(ids)
+    with mock.patch.object(_mix_stream, "_MIX_ROWS", case["mix_rows"]):
+        for rank in range(case["world_size"]):
+            ds = StructuredDataset(
+                paths, weights=weights, batch_size=case["batch_size"], shuffle=case["shuffle"],
+                rank=rank, world_size=case["world_size"], epoch_size=case["per_epoch"],
+            )  # fmt: skip
+            epochs = [stream_batches(ds, e, case["workers"]) for e in range(3)]
+            batches_per_rank.append(sum(len(b) for b in epochs[0]))
+            for w in range(max(1, case["workers"])):
+                ids = np.concatenate([b for epoch in epochs for b in epoch[w]])
+                assert_within_one(ids, case["weights"], case["batch_size"])
+                per_stream.append(ids)
     assert_each_source_epoch_once(per_stream, case["rows"])
     assert len(set(batches_per_rank)) == 1  # even_batches: DDP steps alike on every rank
 
@@ -199,18 +204,19 @@ def test_resume_is_exact_at_any_batch(
         "epoch_size": case["per_epoch"],
     }  # fmt: skip
     epoch = data.draw(st.integers(0, 1))
-    loader, ds = StructuredDataset.create_dataloader(paths, **kwargs)
-    ds.set_epoch(epoch)
-    full = [b["id"].tolist() for b in loader]
-    loader, ds = StructuredDataset.create_dataloader(paths, **kwargs)
-    ds.set_epoch(epoch)
-    it = iter(loader)
-    first = [next(it)["id"].tolist() for _ in range(min(stop, len(full)))]
-    state = json.loads(json.dumps(loader.state_dict()))
-    del it
-    loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
-    loader.load_state_dict(state)
-    assert first + [b["id"].tolist() for b in loader] == full
+    with mock.patch.object(_mix_stream, "_MIX_ROWS", case["mix_rows"]):
+        loader, ds = StructuredDataset.create_dataloader(paths, **kwargs)
+        ds.set_epoch(epoch)
+        full = [b["id"].tolist() for b in loader]
+        loader, ds = StructuredDataset.create_dataloader(paths, **kwargs)
+        ds.set_epoch(epoch)
+        it = iter(loader)
+        first = [next(it)["id"].tolist() for _ in range(min(stop, len(full)))]
+        state = json.loads(json.dumps(loader.state_dict()))
+        del it
+        loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
+        loader.load_state_dict(state)
+        assert first + [b["id"].tolist() for b in loader] == full
 
 
 @pytest.mark.parametrize("workers", [2])
