@@ -11,7 +11,7 @@ from typing import Any
 from .._secrets import secret_values
 from ._files import BadInput
 
-__all__ = ["add_settings", "byte_size", "planned_settings", "storage_options"]
+__all__ = ["add_settings", "byte_size", "pairs", "planned_settings", "storage_options"]
 
 
 def add_settings(parser: argparse.ArgumentParser, *, plan: bool) -> None:
@@ -68,6 +68,19 @@ def byte_size(text: str) -> int:
     if match is None:
         raise argparse.ArgumentTypeError(f"expected bytes like 4096, 64KiB or 128MiB, got {text!r}")
     return int(match[1]) << (10 * " kmg".index(match[2] or " "))
+
+
+def pairs(items: Sequence[str], option: str, what: str) -> list[tuple[str, str]]:
+    """``NAME=VALUE`` items of ``option`` (``--source NAME=PATH``) as pairs, each name once."""
+    found: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise BadInput(f"{option} takes NAME={what}, got {item!r}")
+        if name in found:
+            raise BadInput(f"{option} names {name!r} twice: give each name once")
+        found[name] = value
+    return list(found.items())
 
 
 def storage_options(items: Sequence[str]) -> dict[str, Any]:

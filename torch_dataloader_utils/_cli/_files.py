@@ -16,7 +16,7 @@ from typing import Any
 
 import fsspec
 
-__all__ = ["BadInput", "Found", "find_states", "read_checkpoint"]
+__all__ = ["BadInput", "Found", "find_states", "read_checkpoint", "stream_entry"]
 
 
 class BadInput(ValueError):
@@ -94,6 +94,21 @@ def find_states(checkpoint: object, key: str | None = None) -> Found:
         f"and '_num_workers' (or a list of them), at the top or under a key of a dict; "
         f"pass --key if it is elsewhere"
     )
+
+
+def stream_entry(worker: int, entry: Any) -> dict[str, Any]:
+    """A worker stream's rows handed out of its share, and the split it is in."""
+    if not (isinstance(entry, list) and len(entry) in (3, 8)):
+        raise BadInput(
+            f"state key 'streams': entry {str(entry)[:80]} is not [position, tokens, rows, "
+            f"path, row_offset, row_length, fingerprint, row]"
+        )
+    split = None
+    if len(entry) == 8:
+        path, offset, length = entry[3:6]
+        split = f"{path} rows [{offset}, {offset + length}) row {entry[7]}"
+    return {"worker": worker, "rows": entry[0], "tokens": entry[1], "share": entry[2],
+            "split": split}  # fmt: skip
 
 
 def _is_state(value: object) -> bool:

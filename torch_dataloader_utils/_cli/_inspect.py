@@ -1,5 +1,7 @@
 """``inspect CHECKPOINT``: epoch, settings and progress per rank/worker of a saved state.
 
+A mixture's state is reported by ``_mix_inspect``.
+
 Without the files it reports what the state itself says: epoch, settings, for each worker
 stream the rows of its share handed out and the split it is in, and the deals of the epoch
 before an elastic resume. With ``--data PATH`` it also plans the epoch over the files now, with
@@ -14,9 +16,10 @@ from typing import Any
 
 from .._epoch import Epochs
 from .._errors import CheckpointMismatchError
-from ._files import BadInput
+from ._files import BadInput, stream_entry
+from ._mix_inspect import mixture_report, render_mixture
 from ._output import EXIT_MISMATCH, EXIT_OK, Report, emit, percent
-from ._resume import SETTINGS, epochs_for, load_states, resume
+from ._resume import SETTINGS, epochs_for, is_mixture, load_states, resume
 
 __all__ = ["add_inspect", "inspect"]
 
@@ -35,9 +38,17 @@ def add_inspect(parser: argparse.ArgumentParser) -> None:
 
 
 def inspect(args: argparse.Namespace) -> int:
-    """epoch, settings and progress per rank/worker of a saved state"""
+    """epoch, settings and progress per rank/worker (and per source) of a saved state"""
     found = load_states(args)
     states, first = found.states, found.states[0]
+    if is_mixture(first):
+        if args.data:
+            raise BadInput(
+                "--data checks one dataset's checkpoint; check a mixture's against its files "
+                "with: verify CHECKPOINT [--source NAME=PATH ...]"
+            )
+        emit(mixture_report(args.checkpoint, found), args.json, render_mixture)
+        return EXIT_OK
     report: Report = {
         "checkpoint": args.checkpoint,
         "key": found.key,
@@ -67,7 +78,7 @@ def _rank(state: Mapping[str, Any]) -> Report:
     return {
         "rank": state["_rank"],
         "streams": [
-            _stream(w, entry) for w, entry in enumerate(state["streams"]) if entry is not None
+            stream_entry(w, entry) for w, entry in enumerate(state["streams"]) if entry is not None
         ],
         "generations": [
             {"world_size": g[0], "num_workers": g[1], "even_batches": g[2]}
@@ -76,21 +87,6 @@ def _rank(state: Mapping[str, Any]) -> Report:
         ],
         "cursor": state["cursor"],
     }
-
-
-def _stream(worker: int, entry: Any) -> Report:
-    """A worker stream's rows handed out of its share, and the split it is in."""
-    if not (isinstance(entry, list) and len(entry) in (3, 8)):
-        raise BadInput(
-            f"state key 'streams': entry {str(entry)[:80]} is not [position, tokens, rows, "
-            f"path, row_offset, row_length, fingerprint, row]"
-        )
-    split = None
-    if len(entry) == 8:
-        path, offset, length = entry[3:6]
-        split = f"{path} rows [{offset}, {offset + length}) row {entry[7]}"
-    return {"worker": worker, "rows": entry[0], "tokens": entry[1], "share": entry[2],
-            "split": split}  # fmt: skip
 
 
 def _checked(report: Report, states: Sequence[Mapping[str, Any]], epochs: Epochs) -> None:

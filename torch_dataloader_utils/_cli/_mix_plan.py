@@ -17,7 +17,7 @@ from typing import Any
 from .._dataset import StructuredDataset
 from .._epoch import Start
 from .._mix_epochs import MixedEpochs, MixedProgress
-from ._args import planned_settings
+from ._args import pairs, planned_settings
 from ._files import BadInput
 from ._output import EXIT_OK, Report, emit, table
 
@@ -52,24 +52,14 @@ def mixture_plan(args: argparse.Namespace) -> int:
 
 
 def _mixture(args: argparse.Namespace) -> MixedEpochs:
-    paths = dict(_pairs(args.source, "--source", "PATH"))
-    weights = {name: _weight(value) for name, value in _pairs(args.weight, "--weight", "N")}
+    paths = dict(pairs(args.source, "--source", "PATH"))
+    weights = {name: _weight(value) for name, value in pairs(args.weight, "--weight", "N")}
     dataset = StructuredDataset(
         paths, weights=weights, epoch_size=args.epoch_size, **planned_settings(args)
     )
     mix = dataset._epochs
     assert isinstance(mix, MixedEpochs)
     return mix
-
-
-def _pairs(items: list[str], option: str, what: str) -> list[tuple[str, str]]:
-    pairs = []
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name or not value:
-            raise BadInput(f"{option} takes NAME={what}, got {item!r}")
-        pairs.append((name, value))
-    return pairs
 
 
 def _weight(text: str) -> int:

@@ -14,12 +14,23 @@ from typing import Any
 
 from .._dataset import StructuredDataset
 from .._epoch import Epochs, Progress
-from .._errors import DataLoaderUtilsError
+from .._errors import DataLoaderUtilsError, InvalidStateError
+from .._mix_state import check_shape as check_mixture_shape
+from .._mix_state import stored_timeline
 from .._state import check_shape
 from .._tokens import TokenPacking
 from ._files import BadInput, Found, find_states, read_checkpoint
 
-__all__ = ["SETTINGS", "epochs_for", "epochs_of", "load_states", "packing_of", "paths", "resume"]
+__all__ = [
+    "SETTINGS",
+    "epochs_for",
+    "epochs_of",
+    "is_mixture",
+    "load_states",
+    "packing_of",
+    "paths",
+    "resume",
+]
 
 # The settings a state records: its key, and the command-line option that overrides it.
 SETTINGS = {
@@ -35,16 +46,44 @@ SETTINGS = {
 
 
 def load_states(args: argparse.Namespace) -> Found:
-    """The states in ``args.checkpoint`` (at ``args.key``), each checked for this schema."""
+    """The states in ``args.checkpoint`` (at ``args.key``), each checked for this schema: all
+    one dataset's, or (the first is a mixture's) all a mixture's."""
     found = find_states(read_checkpoint(args.checkpoint, args.storage_options), args.key)
+    check = _check_mixture if is_mixture(found.states[0]) else check_shape
     for number, state in enumerate(found.states):
         try:
-            check_shape(state)
+            check(state)
         except DataLoaderUtilsError as exc:
             where = f"state {number} of {len(found.states)}" if len(found.states) > 1 else "state"
             under = f" under key {found.key!r}" if found.key else ""
             raise BadInput(f"{args.checkpoint}: {where}{under}: {exc}") from None
     return found
+
+
+def is_mixture(state: Mapping[str, Any]) -> bool:
+    """Whether ``state`` was saved by a mixture of sources."""
+    return "_mixture" in state
+
+
+def _check_mixture(state: Mapping[str, Any]) -> None:
+    """A mixture's state: its own keys, its mixture, and each source's state."""
+    check_mixture_shape(state)
+    stored_timeline(state)
+    for name, sub in state["sources"].items():
+        try:
+            check_shape(sub)
+            epochs = sub.get("epochs")
+            if not (
+                isinstance(epochs, list)
+                and len(epochs) == len(sub["streams"])
+                and all(type(e) is int and e >= 0 for e in epochs)
+            ):
+                raise InvalidStateError(
+                    f"state key 'epochs' must be a source epoch >= 0 per worker stream, got "
+                    f"{epochs!r:.80}"
+                )
+        except DataLoaderUtilsError as exc:
+            raise InvalidStateError(f"state of source {name!r}: {exc}") from None
 
 
 def setting(args: argparse.Namespace, state: Mapping[str, Any], key: str) -> Any:

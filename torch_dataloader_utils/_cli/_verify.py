@@ -1,5 +1,7 @@
 """``verify CHECKPOINT PATH``: whether the checkpoint resumes cleanly against the files now.
 
+A mixture's checkpoint (``verify CHECKPOINT [--source NAME=PATH ...]``): ``_mix_verify``.
+
 It runs what ``load_state_dict`` and the first iteration check — the state's schema, files and
 fingerprints, settings, the position of every worker stream — for every rank's state (each with
 its own rank), or, with ``--elastic``, what ``load_state_dict(states, elastic=True)`` checks.
@@ -8,21 +10,31 @@ its own rank), or, with ``--elastic``, what ``load_state_dict(states, elastic=Tr
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from .._epoch import Epochs
 from .._errors import CheckpointMismatchError
 from .._state import ELASTIC_FIELDS, check_coverage, check_same_epoch
 from ._args import add_settings
-from ._files import Found
+from ._files import BadInput, Found
+from ._mix_verify import mixture_paths, verify_mixture
 from ._output import EXIT_MISMATCH, EXIT_OK, percent
-from ._resume import epochs_for, load_states, resume, setting
+from ._resume import epochs_for, is_mixture, load_states, resume, setting
 
 __all__ = ["add_verify", "verify"]
 
 
 def add_verify(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", metavar="CHECKPOINT", help="JSON or torch.save file")
-    parser.add_argument("path", nargs="+", metavar="PATH", help="the files now")
+    parser.add_argument("path", nargs="*", metavar="PATH", help="the files now (one dataset)")
+    parser.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a mixture's source and its files now, repeatable (default: the paths the state "
+        "records)",
+    )
     parser.add_argument("--key", help="dotted key of the state(s) in the checkpoint, e.g. a.b")
     add_settings(parser, plan=False)
     parser.add_argument(
@@ -36,12 +48,10 @@ def add_verify(parser: argparse.ArgumentParser) -> None:
 def verify(args: argparse.Namespace) -> int:
     """whether a checkpoint resumes cleanly against the files now (exit 0) or not (exit 1)"""
     found = load_states(args)
-    epochs = epochs_for(found.states[0], args, args.path)
-    workers = setting(args, found.states[0], "_num_workers")
     where = args.checkpoint + (f" (key {found.key!r})" if found.key else "")
-    against = " ".join(args.path)
+    against, check = (_mixture if is_mixture(found.states[0]) else _dataset)(args, found)
     try:
-        summary = (_elastic if args.elastic else _ranks)(epochs, found, workers)
+        summary = check()
     except CheckpointMismatchError as exc:
         print(f"MISMATCH: {where} does not resume against {against}:\n{exc}")
         if exc.field in ELASTIC_FIELDS and not args.elastic:
@@ -49,6 +59,25 @@ def verify(args: argparse.Namespace) -> int:
         return EXIT_MISMATCH
     print(f"OK: {where} resumes cleanly against {against}: {summary}")
     return EXIT_OK
+
+
+def _dataset(args: argparse.Namespace, found: Found) -> tuple[str, Callable[[], str]]:
+    """The files of one dataset's states, and their check."""
+    if args.source or not args.path:
+        raise BadInput("this state is one dataset's: give its files as PATH (not --source)")
+    epochs = epochs_for(found.states[0], args, args.path)
+    workers = setting(args, found.states[0], "_num_workers")
+    check = _elastic if args.elastic else _ranks
+    return " ".join(args.path), lambda: check(epochs, found, workers)
+
+
+def _mixture(args: argparse.Namespace, found: Found) -> tuple[str, Callable[[], str]]:
+    """The files of each source of a mixture's states, and their check."""
+    if args.path:
+        raise BadInput("a mixture's files are given per source: --source NAME=PATH (repeat it)")
+    paths = mixture_paths(args, found.states[0])
+    against = " ".join(f"{name}={path}" for name, path in paths.items())
+    return against, lambda: verify_mixture(args, found, paths)
 
 
 def _ranks(epochs: Epochs, found: Found, workers: int) -> str:
