@@ -18,7 +18,7 @@ from .._epoch import Epochs
 from .._errors import CheckpointMismatchError
 from ._files import BadInput, stream_entry
 from ._mix_inspect import mixture_report, render_mixture
-from ._output import EXIT_MISMATCH, EXIT_OK, Report, emit, percent
+from ._output import EXIT_MISMATCH, EXIT_OK, Report, emit, percent, share_progress
 from ._resume import SETTINGS, epochs_for, is_mixture, load_states, resume
 
 __all__ = ["add_inspect", "inspect"]
@@ -122,12 +122,7 @@ def _render_rank(rank: Report) -> list[str]:
             f"(elastic resume)"
         )
     for s in rank["streams"]:
-        rows, share = s["rows"], s["share"]
-        tokens = f" and {s['tokens']} tokens" if s["tokens"] else ""
-        at = f", at {s['split']}" if s["split"] else ""
-        lines.append(
-            f"  worker {s['worker']}: {rows}{tokens} of {share} rows ({percent(rows, share)}){at}"
-        )
+        lines.append(f"  worker {s['worker']}: {share_progress(s)}")
     if rank.get("left_out"):
         lines.append(f"  left out by even_batches (epoch): {rank['left_out']} rows")
     return lines

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._files import Found, stream_entry
-from ._output import Report, percent
+from ._output import Report, percent, share_progress
 
 __all__ = ["mixture_report", "render_mixture"]
 
@@ -147,11 +147,8 @@ def _render_source(source: Report) -> list[str]:
         f"shuffle_memory_bytes={source['shuffle_memory_bytes']}"
     ]
     for s in source["streams"]:
-        rows, share = s["rows"], s["share"]
-        tokens = f" and {s['tokens']} tokens" if s["tokens"] else ""
-        at = f", at {s['split']}" if s["split"] else ", at the end of its share"
         lines.append(
             f"  rank {s['rank']} worker {s['worker']}: source epoch {s['source_epoch']}, "
-            f"{rows}{tokens} of {share} rows of its share ({percent(rows, share)}){at}"
+            f"{share_progress(s)}"
         )
     return lines

@@ -14,6 +14,7 @@ __all__ = [
     "Report",
     "emit",
     "percent",
+    "share_progress",
     "size",
     "table",
 ]
@@ -55,3 +56,11 @@ def size(count: float) -> str:
 
 def percent(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f} %" if whole else "-"
+
+
+def share_progress(stream: Report) -> str:
+    """A worker stream's rows (and tokens) of its share handed out, and the split it reads."""
+    rows, share = stream["rows"], stream["share"]
+    tokens = f" and {stream['tokens']} tokens" if stream["tokens"] else ""
+    at = f", at {stream['split']}" if stream["split"] else ""
+    return f"{rows}{tokens} of {share} rows ({percent(rows, share)}){at}"
