@@ -296,3 +296,23 @@ def test_plan_json_of_a_mixture_has_its_documented_keys(
     assert (stream["rank"], stream["worker"], sum(stream["rows"].values())) == (1, 0, 53)
     assert set(report["step"]) == {"rank", "worker", "batch_of_worker", "rows"}
     assert set(report["step"]["rows"][0]) == {"source", "source_epoch", "file", "row"}
+
+
+def test_a_state_at_the_end_of_its_epoch_and_states_of_two_mixtures(
+    capsys: pytest.CaptureFixture[str], mixed: dict[str, Any], tmp_path: Path
+) -> None:
+    loader, dataset = StructuredDataset.create_dataloader(
+        mixed["paths"], weights=WEIGHTS, batch_size=64
+    )
+    assert sum(len(b["id"]) for b in loader) == sum(ROWS.values())
+    (tmp_path / "end.json").write_text(json.dumps(dataset.state_dict()))
+    code, out, _ = run(capsys, "verify", str(tmp_path / "end.json"))
+    assert code == 0, out
+    assert out.endswith(
+        "212 of the epoch's 212 positions handed out; no batch left in the epoch (the next is "
+        "epoch + 1: set_epoch)\n"
+    )
+    other = StructuredDataset({"web": mixed["paths"]["web"]}, weights={"web": 1}).state_dict()
+    (tmp_path / "two.json").write_text(json.dumps([mixed["states"][0], other]))
+    code, _, err = run(capsys, "inspect", str(tmp_path / "two.json"))
+    assert code == 2 and "the states are of different mixtures (sources [('web',), ('web'," in err

@@ -54,7 +54,8 @@ def recorded_path(name: str, sub: Mapping[str, Any]) -> str:
             f"--source {name}=PATH"
         )
     if files.get("count") == 1 and isinstance(groups, list) and groups:
-        return f"{root}/{groups[0][0]}"
+        file = groups[0][0] if isinstance(groups[0], list) and groups[0] else None
+        return f"{root}/{file}" if isinstance(file, str) else str(root)
     return str(root)
 
 
@@ -66,13 +67,13 @@ def verify_mixture(args: argparse.Namespace, found: Found, paths: Mapping[str, s
     if len(states) > 1:
         check_coverage(states)
         check_same_epoch(states)
-    read = [_first_rows(_loader(args, state, paths, state["_rank"]), state) for state in states]
+    read = [_first_rows(_loader(args, states[0], paths, s["_rank"]), s) for s in states]
     ranks = f"{len(states)} rank states" if len(states) > 1 else f"rank {states[0]['_rank']}"
     handed = sum(p for state in states for p in state["streams"] if p is not None)
     return (
         f"{ranks}, epoch {states[0]['epoch']}, mixture of {len(paths)} sources; {handed} of "
-        f"the epoch's {states[0]['_mixture']['epoch_size']} positions handed out; read a "
-        f"batch from each of {sum(read)} worker stream(s)"
+        f"the epoch's {states[0]['_mixture']['epoch_size']} positions handed out; "
+        f"{_what_was_read(sum(read))}"
     )
 
 
@@ -87,8 +88,14 @@ def _elastic(
     return (
         f"elastic, {len(states)} old rank state(s) of epoch {states[0]['epoch']} onto "
         f"world_size {world_size} x {max(1, loader.num_workers)} worker "
-        f"stream(s); rank 0 read a batch from each of {read} worker stream(s)"
+        f"stream(s); rank 0 {_what_was_read(read)}"
     )
+
+
+def _what_was_read(streams: int) -> str:
+    if not streams:
+        return "no batch left in the epoch (the next is epoch + 1: set_epoch)"
+    return f"read a batch from each of {streams} worker stream(s)"
 
 
 def _first_rows(loader: StructuredDataLoader, state: Mapping[str, Any]) -> int:
@@ -113,16 +120,17 @@ def _read(loader: StructuredDataLoader) -> int:
 def _loader(
     args: argparse.Namespace, state: Mapping[str, Any], paths: Mapping[str, str], rank: int
 ) -> StructuredDataLoader:
-    """The mixture over ``paths`` as rank ``rank`` with the state's settings (or the options
-    given), reading batches of one row (one sequence of one token, packed)."""
+    """The mixture over ``paths`` as rank ``rank`` with the settings of ``state`` (the
+    first state: the job's) or the options given, reading batches of one row (one sequence
+    of one token, packed)."""
     mixture, subs = state["_mixture"], state["sources"]
     policies = mixture.get("policies", {})
     sources = {
         name: Source(
             path=paths[name],
-            format=args.format or sub["_format"],
-            split_bytes=args.split_bytes or sub["_split_bytes"],
-            shuffle_memory_bytes=args.shuffle_memory_bytes or sub["_shuffle_memory_bytes"],
+            format=_given(args.format, sub["_format"]),
+            split_bytes=_given(args.split_bytes, sub["_split_bytes"]),
+            shuffle_memory_bytes=_given(args.shuffle_memory_bytes, sub["_shuffle_memory_bytes"]),
             max_epochs=policies[name][0] if name in policies else None,
             when_exhausted=policies[name][1] if name in policies else "renormalize",
         )

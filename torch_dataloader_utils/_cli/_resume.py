@@ -49,7 +49,9 @@ def load_states(args: argparse.Namespace) -> Found:
     """The states in ``args.checkpoint`` (at ``args.key``), each checked for this schema: all
     one dataset's, or (the first is a mixture's) all a mixture's."""
     found = find_states(read_checkpoint(args.checkpoint, args.storage_options), args.key)
-    check = _check_mixture if is_mixture(found.states[0]) else check_shape
+    first = found.states[0]
+    mixture = is_mixture(first)
+    check = _check_mixture if mixture else check_shape
     for number, state in enumerate(found.states):
         try:
             check(state)
@@ -57,6 +59,11 @@ def load_states(args: argparse.Namespace) -> Found:
             where = f"state {number} of {len(found.states)}" if len(found.states) > 1 else "state"
             under = f" under key {found.key!r}" if found.key else ""
             raise BadInput(f"{args.checkpoint}: {where}{under}: {exc}") from None
+    if mixture and any(list(s["sources"]) != list(first["sources"]) for s in found.states):
+        raise BadInput(
+            f"{args.checkpoint}: the states are of different mixtures (sources "
+            f"{sorted({tuple(s['sources']) for s in found.states})}): give one job's states"
+        )
     return found
 
 
