@@ -316,3 +316,16 @@ def test_a_state_at_the_end_of_its_epoch_and_states_of_two_mixtures(
     (tmp_path / "two.json").write_text(json.dumps([mixed["states"][0], other]))
     code, _, err = run(capsys, "inspect", str(tmp_path / "two.json"))
     assert code == 2 and "the states are of different mixtures (sources [('web',), ('web'," in err
+
+
+def test_one_datasets_state_takes_path_not_source(
+    capsys: pytest.CaptureFixture[str], mixed: dict[str, Any], tmp_path: Path
+) -> None:
+    (tmp_path / "one.json").write_text(
+        json.dumps(StructuredDataset(mixed["paths"]["web"]).state_dict())
+    )
+    for extra in ((), ("--source", f"web={mixed['paths']['web']}")):
+        code, _, err = run(capsys, "verify", str(tmp_path / "one.json"), *extra)
+        assert code == 2 and "this state is one dataset's: give its files as PATH" in err, err
+    code, out, _ = run(capsys, "verify", str(tmp_path / "one.json"), mixed["paths"]["web"])
+    assert code == 0 and "rank 0, epoch 0, 2 files" in out, out
