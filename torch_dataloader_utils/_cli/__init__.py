@@ -13,6 +13,7 @@ unreadable file, a corrupted state, bad arguments): one error line, never a trac
     _files     dataset states inside JSON / torch.save checkpoint files
     _resume    the checks of a resume, without iterating
     _plan, _inspect, _verify   one command each
+    _mix_plan, _mix_inspect, _mix_verify   the same for a mixture of sources
     _output    exit statuses, text and JSON
 """
 

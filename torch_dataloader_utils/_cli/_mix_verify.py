@@ -6,7 +6,7 @@ settings (weights, ``epoch_size``, schedule, per-source format, ``split_bytes`` 
 overrides them), loads the state as the training script would (``load_state_dict``: schema,
 every source's files and fingerprints, settings, every worker stream's place in every source)
 and reads the first rows of the next iteration, one per worker stream. A source's files are
-``--source NAME=PATH``, else where the state says they were (``recorded_path``).
+``--source NAME=PATH``, else where the state says they were (``_recorded_path``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ._args import pairs
 from ._files import BadInput, Found
 from ._resume import packing_of
 
-__all__ = ["mixture_paths", "recorded_path", "verify_mixture"]
+__all__ = ["mixture_paths", "verify_mixture"]
 
 
 def mixture_paths(args: argparse.Namespace, state: Mapping[str, Any]) -> dict[str, str]:
@@ -39,11 +39,11 @@ def mixture_paths(args: argparse.Namespace, state: Mapping[str, Any]) -> dict[st
             f"sources are {names}"
         )
     return {
-        name: given.get(name) or recorded_path(name, sub) for name, sub in state["sources"].items()
+        name: given.get(name) or _recorded_path(name, sub) for name, sub in state["sources"].items()
     }
 
 
-def recorded_path(name: str, sub: Mapping[str, Any]) -> str:
+def _recorded_path(name: str, sub: Mapping[str, Any]) -> str:
     """Where source ``name``'s state says its files were: its one file, else the directory
     (or prefix) that holds them all."""
     files = sub["files"]
