@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from ._args import optional_whole, whole
 from ._errors import SchemaMismatchError
+from ._index import column_differences
 
 __all__ = ["Source", "SourceSpec", "check_schemas", "mixture_sources"]
 
@@ -124,21 +125,23 @@ _POLICIES = ("renormalize", "stop")
 
 
 def check_schemas(names: Sequence[str], schemas: Sequence[pa.Schema]) -> None:
-    """Every source reads the same columns with the same types, or an error naming both."""
+    """Every source holds the first's columns with the same types and nullability: the rule of
+    one dataset's files (``_index.column_differences``), but in any order, since a mixture
+    joins its sources' columns by name. Otherwise an error naming both sources and the column."""
     first, reference = names[0], schemas[0]
     for name, schema in zip(names[1:], schemas[1:], strict=True):
-        for field in reference:
-            other = schema.field(field.name) if field.name in schema.names else None
-            if other is None or other.type != field.type:
-                found = "no such column" if other is None else f"type {other.type}"
-                raise SchemaMismatchError(
-                    f"sources {first!r} and {name!r} differ in column {field.name!r}: "
-                    f"{field.type} in {first!r}, {found} in {name!r}; pass columns= to read "
-                    f"the columns they share"
-                )
-        extra = [n for n in schema.names if n not in reference.names]
-        if extra:
+        if schema.equals(reference):
+            continue  # the same order too: columns of one name are joined by their place
+        for column, ours, theirs in column_differences(reference, schema)[:1]:
             raise SchemaMismatchError(
-                f"sources {first!r} and {name!r} differ in column {extra[0]!r}: present in "
-                f"{name!r}, not in {first!r}; pass columns= to read the columns they share"
+                f"sources {first!r} and {name!r} differ in column {column!r}: {ours} in "
+                f"{first!r}, {theirs} in {name!r}; pass columns= to read the columns they "
+                f"agree on, or rewrite one source's files with the other's schema"
+            )
+        twice = next((c for c in reference.names if reference.names.count(c) > 1), None)
+        if twice is not None:
+            raise SchemaMismatchError(
+                f"sources {first!r} and {name!r} hold their columns in different orders and "
+                f"two columns named {twice!r}: a mixture joins its sources' columns by name; "
+                f"rename the columns in the data, or pass columns= without {twice!r}"
             )
