@@ -8,11 +8,24 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._args import optional_whole, whole
+from ._args import dataset_paths, optional_mapping, optional_name, optional_whole, whole
 from ._errors import SchemaMismatchError
+from ._formats import get_format
 from ._index import column_differences
+from ._tokens import PACKED_KEYS
 
-__all__ = ["Source", "SourceSpec", "check_schemas", "mixture_sources"]
+__all__ = [
+    "MAX_EPOCH_SIZE",
+    "Source",
+    "SourceSpec",
+    "check_schemas",
+    "mixture_sources",
+    "source_column_name",
+]
+
+# Positions of a mixture epoch, at most (``epoch_size``, and a state's): far beyond any job,
+# well within int64.
+MAX_EPOCH_SIZE = 2**48
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,17 +80,17 @@ def mixture_sources(
     """The sources of ``paths``, in its order, with ``weights``: one positive int per name."""
     if not paths:
         raise ValueError("a mixture needs at least one source; got an empty mapping")
-    if weights is None:
+    if not isinstance(weights, Mapping):
         raise TypeError(
             f"a mixture of sources {list(paths)} needs weights=, one int per source, e.g. "
-            f"weights={{{', '.join(f'{n!r}: 1' for n in paths)}}}"
+            f"weights={{{', '.join(f'{n!r}: 1' for n in paths)}}}; got {weights!r:.80}"
         )
     names = list(paths)
     if set(weights) != set(names):
         raise ValueError(
-            f"weights name sources {sorted(weights)}, but the mixture has sources {names}: "
-            f"give one weight per source (missing {sorted(set(names) - set(weights))}, "
-            f"unknown {sorted(set(weights) - set(names))})"
+            f"weights name sources {list(weights)}, but the mixture has sources {names}: "
+            f"give one weight per source (missing {[n for n in names if n not in weights]}, "
+            f"unknown {[n for n in weights if n not in paths]})"
         )
     specs = []
     for name in names:
@@ -89,10 +102,12 @@ def mixture_sources(
             SourceSpec(
                 name=name,
                 weight=whole(f"weights[{name!r}]", weights[name], at_least=1),
-                path=source.path,
-                format=format if source.format is None else source.format,
-                storage_options=(
-                    storage_options if source.storage_options is None else source.storage_options
+                path=dataset_paths(f"the path of source {name!r}", source.path),
+                format=format if source.format is None else _format(name, source.format),
+                storage_options=storage_options
+                if source.storage_options is None
+                else optional_mapping(
+                    f"storage_options of source {name!r}", source.storage_options
                 ),
                 split_bytes=split_bytes
                 if source.split_bytes is None
@@ -111,6 +126,29 @@ def mixture_sources(
             )
         )
     return tuple(specs)
+
+
+def _format(name: str, format: object) -> str:
+    """A source's ``format``: the name of a supported one."""
+    if not isinstance(format, str):
+        raise TypeError(f"format of source {name!r} must be a str, got {format!r:.80}")
+    try:
+        get_format(format)
+    except ValueError as exc:
+        raise ValueError(f"format of source {name!r}: {exc}") from None
+    return format
+
+
+def source_column_name(value: object, *, packed: bool) -> str | None:
+    """``source_column`` checked: ``None``, or a name; not a key of a packed batch (nor, once
+    the sources' columns are known, one of them)."""
+    name = optional_name("source_column", value)
+    if packed and name in PACKED_KEYS:
+        raise ValueError(
+            f"source_column={name!r} is a key of a packed batch ({', '.join(PACKED_KEYS)}): "
+            f"pass source_column= another name"
+        )
+    return name
 
 
 def _stops(name: str, policy: object) -> bool:
