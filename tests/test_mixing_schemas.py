@@ -187,3 +187,18 @@ def test_a_packed_mixture_reads_its_token_column_by_name(tmp_path: Path, workers
         assert (real // 1000 == sources.ravel()[: len(real)]).all()
         batches += 1
     assert batches == 10
+
+
+def test_the_rule_of_one_dataset_names_nullability_and_columns_held_twice(tmp_path: Path):
+    """The rule the mixture shares (``_index.column_differences``), on one dataset's files:
+    a column of one name held twice raised pyarrow's ``KeyError`` before, and a nullability
+    read 'field order or nullability differs'."""
+    ids = pa.array(np.arange(3))
+    pq.write_table(pa.Table.from_arrays([ids, ids], names=["x", "x"]), tmp_path / "a.parquet")
+    pq.write_table(pa.Table.from_arrays([ids, ids], names=["x", "y"]), tmp_path / "b.parquet")
+    with pytest.raises(SchemaMismatchError, match="field 'x': 2 columns of that name vs int64"):
+        StructuredDataset([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")])
+    strict = pa.schema([pa.field("x", pa.int64(), nullable=False), ("y", pa.int64())])
+    pq.write_table(pa.Table.from_arrays([ids, ids], schema=strict), tmp_path / "c.parquet")
+    with pytest.raises(SchemaMismatchError, match=r"field 'x': int64 vs int64 not null$"):
+        StructuredDataset([str(tmp_path / "b.parquet"), str(tmp_path / "c.parquet")])
