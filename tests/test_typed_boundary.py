@@ -181,3 +181,16 @@ def test_packed_batch_keys_are_the_ones_source_column_may_not_take(sources: dict
         sources, weights={"a": 1, "b": 1}, batch_size=2, source_column="from", **_PACKED
     )
     assert list(next(iter(loader))) == [*PACKED_KEYS, "from"]
+
+
+@pytest.mark.parametrize("path", [3, b"data", ["a", 3], None])
+def test_a_path_that_is_not_a_string_is_refused_by_name(path: object):
+    """Before: ``'int' object is not iterable``, ``'PosixPath' object has no attribute
+    'decode'`` (a list of paths), naming nothing."""
+    with pytest.raises(TypeError, match=r"^path must be a path \(a str\) or a list of paths"):
+        StructuredDataset(path)  # type: ignore[arg-type]
+
+
+def test_a_pathlib_path_is_refused_by_name(data: Path):
+    with pytest.raises(TypeError, match="path must be a path"):
+        StructuredDataset([data])  # type: ignore[list-item]
