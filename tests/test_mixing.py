@@ -1128,7 +1128,8 @@ def test_a_chain_of_elastic_resumes_through_the_loaders(
 def test_interleaving_puts_every_source_row_at_its_schedule_place(sources: int, data) -> None:
     """Few sources are placed by a comparison each, more by a stable sort: the same result,
     each source's rows in order at the positions the schedule gives it, in pieces cut
-    anywhere; numbers are scattered, token lists and strings gathered."""
+    anywhere; numbers are scattered, token lists and strings gathered; columns joined by name
+    whatever their order in a source."""
     ids = np.array(data.draw(st.lists(st.integers(0, sources - 1), min_size=1, max_size=200)),
                    dtype=np.int16)  # fmt: skip
     parts = []
@@ -1139,10 +1140,13 @@ def test_interleaving_puts_every_source_row_at_its_schedule_place(sources: int, 
             "t": pa.array([list(range(v % 7)) for v in values.tolist()], pa.list_(pa.int32())),
             "s": pa.array([str(v) for v in values.tolist()], pa.string()),
         })  # fmt: skip
+        schema = batch.schema
+        batch = batch.select(data.draw(st.permutations(schema.names)))
         cuts = sorted(data.draw(st.lists(st.integers(0, len(values)), max_size=3)))
         bounds = [0, *cuts, len(values)]
         parts.append([batch.slice(lo, hi - lo) for lo, hi in itertools.pairwise(bounds)])
-    mixed = _interleaved(parts, Interleave.of(ids, sources), "source")
+    mixed = _interleaved(parts, Interleave.of(ids, sources), schema, "source")
+    assert mixed.schema.names == ["v", "f", "t", "s", "source"]
     expected = np.empty(len(ids), dtype=np.int64)
     for s in range(sources):
         expected[ids == s] = np.arange(int((ids == s).sum())) + 1000 * s

@@ -8,27 +8,70 @@ not the type asked for is refused, saying what was received and what is accepted
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["flag", "loader_options", "optional_flag", "optional_whole", "seconds", "whole"]
+__all__ = [
+    "dataset_paths",
+    "flag",
+    "loader_options",
+    "optional_flag",
+    "optional_mapping",
+    "optional_name",
+    "optional_whole",
+    "seconds",
+    "whole",
+]
 
 
-def whole(name: str, value: object, *, at_least: int | None = None) -> int:
-    """``value`` as a builtin int (numpy integers too), at least ``at_least``."""
+def whole(
+    name: str, value: object, *, at_least: int | None = None, at_most: int | None = None
+) -> int:
+    """``value`` as a builtin int (numpy integers too), from ``at_least`` to ``at_most``."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
         raise TypeError(f"{name} must be an int, got {_received(value)}{_parse_hint(value, 'int')}")
     number = int(value)
-    if at_least is not None and number < at_least:
-        raise ValueError(f"{name} must be {_int_range(at_least)}, got {number}")
+    if (at_least is not None and number < at_least) or (at_most is not None and number > at_most):
+        raise ValueError(f"{name} must be {_int_range(at_least, at_most)}, got {number}")
     return number
 
 
-def optional_whole(name: str, value: object, *, at_least: int | None = None) -> int | None:
+def optional_whole(
+    name: str, value: object, *, at_least: int | None = None, at_most: int | None = None
+) -> int | None:
     """``whole``, or ``None`` for ``None``."""
-    return None if value is None else whole(name, value, at_least=at_least)
+    return None if value is None else whole(name, value, at_least=at_least, at_most=at_most)
+
+
+def optional_name(name: str, value: object) -> str | None:
+    """``value`` as a non-empty string (a column's name), or ``None`` for ``None``."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a column name (a str) or None, got {_received(value)}")
+    if not value:
+        raise ValueError(f"{name} must be a non-empty column name, or None")
+    return value
+
+
+def optional_mapping(name: str, value: object) -> Mapping[str, Any] | None:
+    """``value`` if a mapping (a dict), ``None`` for ``None``."""
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping (a dict) or None, got {_received(value):.200}")
+    return value
+
+
+def dataset_paths(name: str, value: object) -> str | Sequence[str]:
+    """``value`` if a path or a list of paths (strings)."""
+    if isinstance(value, str) or (
+        isinstance(value, Sequence) and all(isinstance(p, str) for p in value)
+    ):
+        return value
+    raise TypeError(
+        f"{name} must be a path (a str) or a list of paths, got {_received(value):.200}"
+    )
 
 
 def flag(name: str, value: object) -> bool:
@@ -61,7 +104,11 @@ def _parse_hint(value: object, kind: str) -> str:
     )
 
 
-def _int_range(at_least: int) -> str:
+def _int_range(at_least: int | None, at_most: int | None) -> str:
+    if at_most is not None:
+        return (
+            f"an int <= {at_most}" if at_least is None else f"an int from {at_least} to {at_most}"
+        )
     if at_least == 1:
         return "a positive int"
     if at_least == 0:

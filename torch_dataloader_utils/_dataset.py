@@ -15,7 +15,7 @@ from typing import Any
 import torch.utils.data
 
 from . import _distributed
-from ._args import flag, optional_flag, optional_whole, whole
+from ._args import dataset_paths, flag, optional_flag, optional_mapping, optional_whole, whole
 from ._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetConfig
 from ._convert import warm_up
 from ._epoch import Epochs, Progress, Start
@@ -35,9 +35,9 @@ from ._mix_epochs import (
 from ._mix_resume import load_mixture, load_mixture_elastic
 from ._mix_state import encode_mixture
 from ._mix_stream import MixedSource
-from ._mixture import Source, check_schemas, mixture_sources
+from ._mixture import MAX_EPOCH_SIZE, Source, check_schemas, mixture_sources, source_column_name
 from ._reader import StreamReader
-from ._schedule import Schedule
+from ._schedule import MAX_BLOCK, Schedule
 from ._storage import Storage
 from ._stream import ChunkSource, SourceFiles
 from ._tokens import TokenPacking
@@ -134,9 +134,11 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         if isinstance(path, Mapping):
             self._epochs, self._opened = self._mixture(
                 path, weights, config, storage_options, share_index, even,
-                epoch_size=optional_whole("epoch_size", epoch_size, at_least=1),
-                source_column=source_column,
-                schedule_block=optional_whole("schedule_block", schedule_block, at_least=1),
+                epoch_size=optional_whole("epoch_size", epoch_size, at_least=1,
+                                          at_most=MAX_EPOCH_SIZE),
+                source_column=source_column_name(source_column, packed=packing is not None),
+                schedule_block=optional_whole("schedule_block", schedule_block, at_least=1,
+                                              at_most=MAX_BLOCK),
             )  # fmt: skip
         else:
             if weights is not None or epoch_size is not None or schedule_block is not None:
@@ -170,8 +172,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         share_index: bool,
     ) -> tuple[DatasetIndex, SourceFiles]:
         """The index of one dataset's files, and how to read them."""
+        path = dataset_paths("path", path)
         first = path if isinstance(path, str) else next(iter(path), "")
-        storage = Storage(first, storage_options)
+        storage = Storage(first, optional_mapping("storage_options", storage_options))
         fmt = get_format(config.format)
         # a collective only when asked for: the library calls dist.* only where told to
         shared = share_index and _distributed.spans_process_group(self._rank, self._world_size)

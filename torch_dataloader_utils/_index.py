@@ -42,7 +42,7 @@ from ._plan import Split, cut_splits
 from ._row_bytes import converted_row_bytes
 from ._storage import FileEntry, Storage
 
-__all__ = ["DatasetIndex", "IndexedFile", "Job", "build_index"]
+__all__ = ["DatasetIndex", "IndexedFile", "Job", "build_index", "column_differences"]
 
 T = TypeVar("T")
 
@@ -497,11 +497,29 @@ def _project(file: IndexedFile, columns: Sequence[str] | None) -> pa.Schema:
 
 
 def _schema_diff(expected: pa.Schema, found: pa.Schema) -> str:
-    names = dict.fromkeys(expected.names + found.names)
+    diffs = [f"field {name!r}: {a} vs {b}" for name, a, b in column_differences(expected, found)]
+    return "; ".join(diffs) or "field order differs"
+
+
+def column_differences(expected: pa.Schema, found: pa.Schema) -> list[tuple[str, str, str]]:
+    """The columns, by name, in which two schemas differ: a type, a nullability, or a column
+    one of them lacks (or holds twice); each as ``(name, in expected, in found)``. Empty when
+    they hold the same columns, whatever their order."""
     diffs = []
-    for name in names:
-        a = expected.field(name).type if name in expected.names else "missing"
-        b = found.field(name).type if name in found.names else "missing"
-        if str(a) != str(b):
-            diffs.append(f"field {name!r}: {a} vs {b}")
-    return "; ".join(diffs) or "field order or nullability differs"
+    for name in dict.fromkeys(expected.names + found.names):
+        a, b = (_named(schema, name) for schema in (expected, found))
+        if len(a) != len(b) or not all(x.equals(y) for x, y in zip(a, b, strict=True)):
+            diffs.append((name, _kind(a), _kind(b)))
+    return diffs
+
+
+def _named(schema: pa.Schema, name: str) -> list[pa.Field]:
+    return [schema.field(i) for i in schema.get_all_field_indices(name)]
+
+
+def _kind(fields: list[pa.Field]) -> str:
+    """A column as a schema difference names it: its type, and ``not null``."""
+    if len(fields) != 1:
+        return "missing" if not fields else f"{len(fields)} columns of that name"
+    field = fields[0]
+    return f"{field.type}" if field.nullable else f"{field.type} not null"

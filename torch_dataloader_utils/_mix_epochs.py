@@ -325,10 +325,16 @@ class MixedEpochs:
         return self.timeline.weights
 
     @cached_property
+    def source_schema(self) -> pa.Schema:
+        """The columns every source holds (``_mixture.check_schemas``), in the first source's
+        order: a batch joins its sources' columns by name, in this order."""
+        return self.sources[0].index.schema
+
+    @cached_property
     def schema(self) -> pa.Schema:
-        """The columns of a batch: the sources' (the same in every source), then (unless
+        """The columns of a batch: the sources' (``source_schema``), then (unless
         ``source_column`` is None) the number of each row's source."""
-        schema = self.sources[0].index.schema
+        schema = self.source_schema
         if self.source_column is None:
             return schema
         return schema.append(pa.field(self.source_column, pa.int16(), nullable=False))

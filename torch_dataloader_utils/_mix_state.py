@@ -28,6 +28,7 @@ from typing import Any
 
 from ._errors import CheckpointMismatchError, InvalidStateError
 from ._mix_epochs import MixedEpochs, MixedProgress, Segment, SourceRest, Timeline
+from ._mixture import MAX_EPOCH_SIZE
 from ._schedule import Schedule
 from ._state import (
     STATE_VERSION,
@@ -161,9 +162,9 @@ def stored_timeline(state: Mapping[str, Any]) -> Timeline:
             f"state key '_mixture.weights' must map each source of 'sources' to an int >= 1, "
             f"got {weights!r:.200}"
         )
-    if type(rows) is not int or not 1 <= rows <= _MAX_EPOCH_SIZE:
+    if type(rows) is not int or not 1 <= rows <= MAX_EPOCH_SIZE:
         raise InvalidStateError(
-            f"state key '_mixture.epoch_size' must be an int from 1 to {_MAX_EPOCH_SIZE}, got "
+            f"state key '_mixture.epoch_size' must be an int from 1 to {MAX_EPOCH_SIZE}, got "
             f"{rows!r:.80}"
         )
     if not (
@@ -259,9 +260,6 @@ def _source_rest(sub: object, name: str) -> SourceRest:
         fresh,
     )
 
-
-# Positions of a mixture epoch a state may hold: far beyond any job, well within int64.
-_MAX_EPOCH_SIZE = 2**48
 
 _KEYS: dict[str, type] = {
     "version": int, "epoch": int, "_mixture": dict, "_num_workers": int, "_rank": int,

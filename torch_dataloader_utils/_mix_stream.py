@@ -81,7 +81,8 @@ class MixedSource:
                 hi = min(lo + step, total)
                 mixed = progress.interleave(self.worker, lo, hi)
                 parts = [feed.take(len(p)) for feed, p in zip(feeds, mixed.places, strict=True)]
-                yield _interleaved(parts, mixed, progress.mix.source_column), hi
+                yield _interleaved(parts, mixed, progress.mix.source_schema,
+                                   progress.mix.source_column), hi  # fmt: skip
         finally:
             for feed in feeds:
                 feed.close()
@@ -244,17 +245,19 @@ class _Packer:
 
 
 def _interleaved(
-    parts: list[list[Chunk]], mixed: Interleave, source_column: str | None
+    parts: list[list[Chunk]], mixed: Interleave, schema: pa.Schema, source_column: str | None
 ) -> pa.RecordBatch:
     """The sources' rows at their places in ``mixed`` (``parts[s]``: the rows of source ``s``,
-    in order), then the source column. Each column of numbers without nulls is scattered
-    straight into its output (one write per value); any other is gathered."""
+    in order) with the columns of ``schema``, joined by name (a source's files may hold them
+    in another order), then the source column. Each column of numbers without nulls is
+    scattered straight into its output (one write per value); any other is gathered."""
     chunks = [c for part in parts for c in part]
-    schema = chunks[0].schema
     if len(chunks) == 1:
         joined = chunks[0].batch() if isinstance(chunks[0], Rows) else chunks[0]
+        if joined.schema.names != schema.names:
+            joined = joined.select(schema.names)
     else:
-        columns = [[_columns(c) for c in part] for part in parts]
+        columns = [[_columns(c, schema.names) for c in part] for part in parts]
         joined = pa.RecordBatch.from_arrays(
             [
                 _column(schema.field(i).type, [[cs[i] for cs in part] for part in columns], mixed)
@@ -268,9 +271,12 @@ def _interleaved(
     return joined.append_column(source_column, as_arrow(pa.int16(), mixed.sources.copy()))
 
 
-def _columns(chunk: Chunk) -> list[pa.Array | np.ndarray]:
-    """A chunk's columns; a window's plain ones as numpy views of its records."""
-    return chunk.columns() if isinstance(chunk, Rows) else chunk.columns
+def _columns(chunk: Chunk, names: list[str]) -> list[pa.Array | np.ndarray]:
+    """A chunk's columns called ``names``, in that order; a window's plain ones as numpy
+    views of its records."""
+    columns = chunk.columns() if isinstance(chunk, Rows) else chunk.columns
+    held = chunk.schema.names
+    return columns if held == names else [columns[held.index(name)] for name in names]
 
 
 def _column(

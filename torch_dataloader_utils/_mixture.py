@@ -8,10 +8,24 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._args import optional_whole, whole
+from ._args import dataset_paths, optional_mapping, optional_name, optional_whole, whole
 from ._errors import SchemaMismatchError
+from ._formats import get_format
+from ._index import column_differences
+from ._tokens import PACKED_KEYS
 
-__all__ = ["Source", "SourceSpec", "check_schemas", "mixture_sources"]
+__all__ = [
+    "MAX_EPOCH_SIZE",
+    "Source",
+    "SourceSpec",
+    "check_schemas",
+    "mixture_sources",
+    "source_column_name",
+]
+
+# Positions of a mixture epoch, at most (``epoch_size``, and a state's): far beyond any job,
+# well within int64.
+MAX_EPOCH_SIZE = 2**48
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,17 +80,17 @@ def mixture_sources(
     """The sources of ``paths``, in its order, with ``weights``: one positive int per name."""
     if not paths:
         raise ValueError("a mixture needs at least one source; got an empty mapping")
-    if weights is None:
+    if not isinstance(weights, Mapping):
         raise TypeError(
             f"a mixture of sources {list(paths)} needs weights=, one int per source, e.g. "
-            f"weights={{{', '.join(f'{n!r}: 1' for n in paths)}}}"
+            f"weights={{{', '.join(f'{n!r}: 1' for n in paths)}}}; got {weights!r:.80}"
         )
     names = list(paths)
     if set(weights) != set(names):
         raise ValueError(
-            f"weights name sources {sorted(weights)}, but the mixture has sources {names}: "
-            f"give one weight per source (missing {sorted(set(names) - set(weights))}, "
-            f"unknown {sorted(set(weights) - set(names))})"
+            f"weights name sources {list(weights)}, but the mixture has sources {names}: "
+            f"give one weight per source (missing {[n for n in names if n not in weights]}, "
+            f"unknown {[n for n in weights if n not in paths]})"
         )
     specs = []
     for name in names:
@@ -88,10 +102,12 @@ def mixture_sources(
             SourceSpec(
                 name=name,
                 weight=whole(f"weights[{name!r}]", weights[name], at_least=1),
-                path=source.path,
-                format=format if source.format is None else source.format,
-                storage_options=(
-                    storage_options if source.storage_options is None else source.storage_options
+                path=dataset_paths(f"the path of source {name!r}", source.path),
+                format=format if source.format is None else _format(name, source.format),
+                storage_options=storage_options
+                if source.storage_options is None
+                else optional_mapping(
+                    f"storage_options of source {name!r}", source.storage_options
                 ),
                 split_bytes=split_bytes
                 if source.split_bytes is None
@@ -112,6 +128,29 @@ def mixture_sources(
     return tuple(specs)
 
 
+def _format(name: str, format: object) -> str:
+    """A source's ``format``: the name of a supported one."""
+    if not isinstance(format, str):
+        raise TypeError(f"format of source {name!r} must be a str, got {format!r:.80}")
+    try:
+        get_format(format)
+    except ValueError as exc:
+        raise ValueError(f"format of source {name!r}: {exc}") from None
+    return format
+
+
+def source_column_name(value: object, *, packed: bool) -> str | None:
+    """``source_column`` checked: ``None``, or a name; not a key of a packed batch (nor, once
+    the sources' columns are known, one of them)."""
+    name = optional_name("source_column", value)
+    if packed and name in PACKED_KEYS:
+        raise ValueError(
+            f"source_column={name!r} is a key of a packed batch ({', '.join(PACKED_KEYS)}): "
+            f"pass source_column= another name"
+        )
+    return name
+
+
 def _stops(name: str, policy: object) -> bool:
     if policy not in _POLICIES:
         raise ValueError(
@@ -124,21 +163,23 @@ _POLICIES = ("renormalize", "stop")
 
 
 def check_schemas(names: Sequence[str], schemas: Sequence[pa.Schema]) -> None:
-    """Every source reads the same columns with the same types, or an error naming both."""
+    """Every source holds the first's columns with the same types and nullability: the rule of
+    one dataset's files (``_index.column_differences``), but in any order, since a mixture
+    joins its sources' columns by name. Otherwise an error naming both sources and the column."""
     first, reference = names[0], schemas[0]
     for name, schema in zip(names[1:], schemas[1:], strict=True):
-        for field in reference:
-            other = schema.field(field.name) if field.name in schema.names else None
-            if other is None or other.type != field.type:
-                found = "no such column" if other is None else f"type {other.type}"
-                raise SchemaMismatchError(
-                    f"sources {first!r} and {name!r} differ in column {field.name!r}: "
-                    f"{field.type} in {first!r}, {found} in {name!r}; pass columns= to read "
-                    f"the columns they share"
-                )
-        extra = [n for n in schema.names if n not in reference.names]
-        if extra:
+        if schema.equals(reference):
+            continue  # the same order too: columns of one name are joined by their place
+        for column, ours, theirs in column_differences(reference, schema)[:1]:
             raise SchemaMismatchError(
-                f"sources {first!r} and {name!r} differ in column {extra[0]!r}: present in "
-                f"{name!r}, not in {first!r}; pass columns= to read the columns they share"
+                f"sources {first!r} and {name!r} differ in column {column!r}: {ours} in "
+                f"{first!r}, {theirs} in {name!r}; pass columns= to read the columns they "
+                f"agree on, or rewrite one source's files with the other's schema"
+            )
+        twice = next((c for c in reference.names if reference.names.count(c) > 1), None)
+        if twice is not None:
+            raise SchemaMismatchError(
+                f"sources {first!r} and {name!r} hold their columns in different orders and "
+                f"two columns named {twice!r}: a mixture joins its sources' columns by name; "
+                f"rename the columns in the data, or pass columns= without {twice!r}"
             )

@@ -26,6 +26,7 @@ from ._args import optional_whole, whole
 from ._errors import DataSourceError, InvalidStateError
 
 __all__ = [
+    "PACKED_KEYS",
     "Pending",
     "TokenPacking",
     "TokenPosition",
@@ -275,6 +276,10 @@ def documents(
         lengths = lengths - skipped
         starts = np.cumsum(lengths) - lengths
     return values, rows, starts, skipped
+
+
+# The keys of a packed batch (``packed_batch``).
+PACKED_KEYS = ("input_ids", "position_ids", "cu_seqlens", "num_tokens")
 
 
 def packed_batch(
