@@ -187,10 +187,13 @@ def test_packed_batch_keys_are_the_ones_source_column_may_not_take(sources: dict
 def test_a_path_that_is_not_a_string_is_refused_by_name(path: object):
     """Before: ``'int' object is not iterable``, ``'PosixPath' object has no attribute
     'decode'`` (a list of paths), naming nothing."""
-    with pytest.raises(TypeError, match=r"^path must be a path \(a str\) or a list of paths"):
+    with pytest.raises(TypeError, match=r"^path must be a path \(a str or os.PathLike\) or a list"):
         StructuredDataset(path)  # type: ignore[arg-type]
 
 
-def test_a_pathlib_path_is_refused_by_name(data: Path):
-    with pytest.raises(TypeError, match="path must be a path"):
-        StructuredDataset([data])  # type: ignore[list-item]
+def test_a_pathlib_path_reads_as_its_string(data: Path):
+    """``os.PathLike`` paths (``pathlib.Path``), alone or in a list, read as their strings."""
+    by_string = StructuredDataset(str(data))
+    for path in (data, [data]):
+        dataset = StructuredDataset(path)  # type: ignore[arg-type]
+        assert len(dataset) == len(by_string) > 0

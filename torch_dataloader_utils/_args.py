@@ -8,12 +8,14 @@ not the type asked for is refused, saying what was received and what is accepted
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 __all__ = [
+    "PathArg",
     "dataset_paths",
     "flag",
     "loader_options",
@@ -63,15 +65,31 @@ def optional_mapping(name: str, value: object) -> Mapping[str, Any] | None:
     return value
 
 
-def dataset_paths(name: str, value: object) -> str | Sequence[str]:
-    """``value`` if a path or a list of paths (strings)."""
-    if isinstance(value, str) or (
-        isinstance(value, Sequence) and all(isinstance(p, str) for p in value)
-    ):
-        return value
+PathArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+"""What a dataset's ``path`` (or a source's) may be given as."""
+
+
+def dataset_paths(name: str, value: object) -> str | list[str]:
+    """``value`` as a path or a list of paths: strings, or ``os.PathLike`` (``pathlib.Path``)
+    objects given as their strings."""
+    if isinstance(value, str | os.PathLike):
+        return _path_string(name, value)
+    if isinstance(value, Sequence) and not isinstance(value, bytes):
+        return [_path_string(name, p) for p in value]
     raise TypeError(
-        f"{name} must be a path (a str) or a list of paths, got {_received(value):.200}"
+        f"{name} must be a path (a str or os.PathLike) or a list of paths, got "
+        f"{_received(value):.200}"
     )
+
+
+def _path_string(name: str, value: object) -> str:
+    path = os.fspath(value) if isinstance(value, str | os.PathLike) else None
+    if not isinstance(path, str):
+        raise TypeError(
+            f"{name} must be a path (a str or os.PathLike) or a list of paths, got "
+            f"{_received(value):.200}"
+        )
+    return path
 
 
 def flag(name: str, value: object) -> bool:

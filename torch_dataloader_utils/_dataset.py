@@ -15,7 +15,15 @@ from typing import Any
 import torch.utils.data
 
 from . import _distributed
-from ._args import dataset_paths, flag, optional_flag, optional_mapping, optional_whole, whole
+from ._args import (
+    PathArg,
+    dataset_paths,
+    flag,
+    optional_flag,
+    optional_mapping,
+    optional_whole,
+    whole,
+)
 from ._config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetConfig
 from ._convert import warm_up
 from ._epoch import Epochs, Progress, Start
@@ -84,7 +92,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def __init__(
         self,
-        path: str | Sequence[str] | Mapping[str, str | Sequence[str] | Source],
+        path: PathArg | Mapping[str, PathArg | Source],
         format: str = "parquet",
         *,
         batch_size: int = 1024,
@@ -166,7 +174,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def _source(
         self,
-        path: str | Sequence[str],
+        path: object,
         config: DatasetConfig,
         storage_options: Mapping[str, Any] | None,
         share_index: bool,
@@ -190,7 +198,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
 
     def _mixture(
         self,
-        paths: Mapping[str, str | Sequence[str] | Source],
+        paths: Mapping[str, PathArg | Source],
         weights: Mapping[str, int] | None,
         config: DatasetConfig,
         storage_options: Mapping[str, Any] | None,
@@ -262,7 +270,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
     @classmethod
     def create_dataloader(
         cls,
-        path: str | Sequence[str] | Mapping[str, str | Sequence[str] | Source],
+        path: PathArg | Mapping[str, PathArg | Source],
         format: str = "parquet",
         *,
         batch_size: int = 1024,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._args import dataset_paths, optional_mapping, optional_name, optional_whole, whole
+from ._args import PathArg, dataset_paths, optional_mapping, optional_name, optional_whole, whole
 from ._errors import SchemaMismatchError
 from ._formats import get_format
 from ._index import column_differences
@@ -44,7 +44,7 @@ class Source:
     its sources' ``shuffle_memory_bytes`` (``docs/mixing.md``).
     """
 
-    path: str | Sequence[str]
+    path: PathArg
     format: str | None = None
     storage_options: Mapping[str, Any] | None = None
     split_bytes: int | None = None
@@ -69,7 +69,7 @@ class SourceSpec:
 
 
 def mixture_sources(
-    paths: Mapping[str, str | Sequence[str] | Source],
+    paths: Mapping[str, PathArg | Source],
     weights: Mapping[str, int] | None,
     *,
     format: str,
