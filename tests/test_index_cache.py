@@ -130,11 +130,11 @@ def test_cached_footers_pickle_unparsed_and_feed_workers(cache: Path, data: Path
 def test_resume_is_exact_over_a_warm_cache(cache: Path, data: Path):
     case = {"path": str(data), "batch_size": 9, "split_bytes": 1, "shuffle": True}
     _harness.assert_resume_exact(case, 4)
-    assert (cache / "index-v3.sqlite").exists()
+    assert (cache / "index-v4.sqlite").exists()
 
 
 def _rows(cache: Path, sql: str, *args: object) -> list[tuple]:
-    with sqlite3.connect(cache / "index-v3.sqlite") as db:
+    with sqlite3.connect(cache / "index-v4.sqlite") as db:
         rows = db.execute(sql, args).fetchall()
     db.close()
     return rows
