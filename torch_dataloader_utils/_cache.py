@@ -67,6 +67,8 @@ CREATE TABLE IF NOT EXISTS files (
 );
 CREATE TABLE IF NOT EXISTS schemas (digest TEXT PRIMARY KEY, schema BLOB NOT NULL);
 """
+# How long a builder waits for another's write before indexing without the cache.
+_BUSY_SECONDS = 30.0
 # SQLite's primary result codes for a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB.
 _DAMAGED = (11, 26)
 _warned = threading.Event()
@@ -284,7 +286,7 @@ class IndexCache:
 
 def _connect(path: Path) -> sqlite3.Connection:
     """The database at ``path``, its tables created if new."""
-    db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+    db = sqlite3.connect(str(path), timeout=_BUSY_SECONDS, isolation_level=None)
     try:
         # Text that is not UTF-8 (a corrupt row) decodes to a value that fails its checksum.
         db.text_factory = lambda raw: raw.decode(errors="surrogateescape")
@@ -306,12 +308,12 @@ def _damaged(exc: sqlite3.DatabaseError) -> bool:
 
 def _checksum(fields: tuple[object, ...], footer: object) -> str | None:
     """xxh3 of the cache's format version, a row's fields (key, stamp, entry) and its footer;
-    ``None`` (which no stored checksum equals) when the footer is not bytes."""
+    ``None`` (which no stored checksum equals) when the footer is not bytes. Fields are joined
+    by NUL, which none holds (JSON escapes it)."""
     if not isinstance(footer, bytes):
         return None
-    h = xxhash.xxh3_64(repr((_VERSION, *fields)).encode())
-    h.update(footer)
-    return h.hexdigest()
+    text = "\0".join(map(str, (_VERSION, *fields, "")))
+    return xxhash.xxh3_64_hexdigest(text.encode(errors="surrogateescape") + footer)
 
 
 def _decode(entry: object, footer: bytes) -> _Row | None:
