@@ -99,9 +99,9 @@ def byte_flips(db: Path) -> list[Flip]:
 class Sweep:
     """A dataset, its index cache when it was right, an epoch and a checkpoint taken then."""
 
-    def __init__(self, root: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, root: Path, fmt: str, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.monkeypatch = monkeypatch
-        self.case = {"path": str(root), "batch_size": 16, "shuffle": True, "shuffle_seed": 3}
+        self.case = {"path": str(root), "format": fmt, "batch_size": 16, "shuffle": True}
         self.db = cache / CACHE_FILE
         self.reads: list[str] = []
         original = _index._read_metadata
@@ -111,11 +111,11 @@ class Sweep:
             return original(storage, fmt, entry)
 
         monkeypatch.setattr(_index, "_read_metadata", counting)
-        self.index = StructuredDataset(str(root))._index
+        self.index = StructuredDataset(str(root), format=fmt)._index
         self.full = _harness.run_epoch(self.case)
         self.state, _ = _harness.checkpoint_after(self.case, 5)
         self.pristine = self.db.read_bytes()
-        self.fmt = get_format("parquet")
+        self.fmt = get_format(fmt)
 
     def corrupt(self, flip: Flip) -> bool:
         """The pristine cache with ``flip`` applied; False if the flip cannot be stored (another
@@ -196,11 +196,13 @@ class Sweep:
 
 
 @pytest.fixture
-def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Sweep:
+def sweep(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Sweep:
+    """Over Parquet (row groups) unless the test asks for ``arrow`` (record batches)."""
+    fmt = getattr(request, "param", "parquet")
     monkeypatch.setenv("TDU_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TDU_INDEX_CACHE", raising=False)
-    write_dataset(tmp_path / "data", ROWS, row_group_size=9)
-    return Sweep(tmp_path / "data", tmp_path / "cache", monkeypatch)
+    write_dataset(tmp_path / "data", ROWS, row_group_size=9, format=fmt)
+    return Sweep(tmp_path / "data", fmt, tmp_path / "cache", monkeypatch)
 
 
 def _failures(sweep: Sweep, flips: list[Flip], caplog: Any, every: int) -> dict[str, list[str]]:
@@ -226,10 +228,17 @@ def _summary(failures: dict[str, list[str]], tried: int) -> str:
     return f"{len(failures)} of {tried} corruptions went wrong {kinds}; {first}"
 
 
+@pytest.mark.parametrize("sweep", ["parquet", "arrow"], indirect=True)
 def test_every_stored_field_flipped_is_detected_and_rewritten(
     sweep: Sweep, caplog: pytest.LogCaptureFixture
 ):
     flips = field_flips(sweep.db)
+    assert {(f.table, f.column) for f in flips} == {
+        *(("files", c) for c in ("namespace", "path", "format", "size", "version")),
+        *(("files", c) for c in ("entry", "footer", "checksum")),
+        ("schemas", "digest"),
+        ("schemas", "schema"),
+    }
     assert len(flips) > 200
     failures = _failures(sweep, flips, caplog, every=7)
     assert failures == {}, _summary(failures, len(flips))
