@@ -8,6 +8,7 @@ import os
 import pickle
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import _harness
 import pytest
@@ -130,11 +131,11 @@ def test_cached_footers_pickle_unparsed_and_feed_workers(cache: Path, data: Path
 def test_resume_is_exact_over_a_warm_cache(cache: Path, data: Path):
     case = {"path": str(data), "batch_size": 9, "split_bytes": 1, "shuffle": True}
     _harness.assert_resume_exact(case, 4)
-    assert (cache / "index-v3.sqlite").exists()
+    assert (cache / "index-v4.sqlite").exists()
 
 
 def _rows(cache: Path, sql: str, *args: object) -> list[tuple]:
-    with sqlite3.connect(cache / "index-v3.sqlite") as db:
+    with sqlite3.connect(cache / "index-v4.sqlite") as db:
         rows = db.execute(sql, args).fetchall()
     db.close()
     return rows
@@ -223,3 +224,55 @@ def test_pickle_planted_in_the_cache_is_never_executed(
     assert sorted(int(i) for b in loader for i in b["id"]) == list(range(sum(ROWS)))
     assert len(reads) == len(ROWS)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda data: b"not a database" * 100, id="not-a-database"),
+        pytest.param(lambda data: data[: len(data) // 2], id="truncated"),
+        pytest.param(lambda data: data[:100] + bytes(len(data) - 100), id="pages-zeroed"),
+    ],
+)
+def test_damaged_cache_file_is_rebuilt_never_an_error(
+    cache: Path, data: Path, reads: list[str], damage: Any, caplog: pytest.LogCaptureFixture
+):
+    StructuredDataset(str(data))
+    db = cache / "index-v4.sqlite"
+    db.write_bytes(damage(db.read_bytes()))
+    reads.clear()
+    with caplog.at_level(logging.WARNING, logger="torch_dataloader_utils"):
+        dataset = StructuredDataset(str(data), batch_size=16)
+    assert sorted(int(i) for b in dataset for i in b["id"]) == list(range(sum(ROWS)))
+    assert len(reads) == len(ROWS)
+    assert f"index cache {db} is damaged" in caplog.text and "building it anew" in caplog.text
+    caplog.clear()
+    reads.clear()
+    with caplog.at_level(logging.WARNING, logger="torch_dataloader_utils"):
+        StructuredDataset(str(data))
+    assert reads == [] and caplog.text == ""  # rebuilt, and trusted again
+
+
+def test_locked_cache_is_bypassed_with_a_warning(
+    cache: Path, data: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
+):
+    from torch_dataloader_utils import _cache
+
+    StructuredDataset(str(data))
+    monkeypatch.setattr(_cache, "_BUSY_SECONDS", 0.05)
+    monkeypatch.setattr(_cache, "_warned", type(_cache._warned)())
+    holder = sqlite3.connect(cache / "index-v4.sqlite", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process in the middle of a write
+    reads.clear()
+    try:
+        with pytest.warns(
+            RuntimeWarning, match=r"index cache .* \(database is locked\); indexing without it"
+        ):
+            dataset = StructuredDataset(str(data), batch_size=16)
+    finally:
+        holder.close()
+    assert len(reads) == len(ROWS)
+    assert sorted(int(i) for b in dataset for i in b["id"]) == list(range(sum(ROWS)))
+    reads.clear()
+    StructuredDataset(str(data))
+    assert reads == []  # the cache was left as it was

@@ -1,7 +1,7 @@
 """The index cache: parsed footers on local disk, so building a dataset again skips footer reads.
 
 Location: ``$TDU_CACHE_DIR`` if set, else ``~/.cache/torch_dataloader_utils``; one SQLite file,
-``index-v3.sqlite``, shared by all datasets, processes and ranks on the machine.
+``index-v4.sqlite``, shared by all datasets, processes and ranks on the machine.
 ``TDU_INDEX_CACHE=0`` (or ``off``, ``false``, ``no``) disables it.
 
 One row per (storage namespace, path, format). The row is used only when the file's size and
@@ -11,10 +11,16 @@ and its row is replaced; other rows stay valid. Files without a version tag are 
 
 A row is data, never code: JSON of what planning needs (unit rows and bytes, the file's content
 fingerprint, the digest naming the file's Arrow schema, stored once per distinct schema as IPC
-bytes, and a checksum of the footer) plus the footer in the format's own bytes (Parquet: its
-Thrift bytes). Nothing is unpickled, so a cache directory shared with others cannot run their
-code. A row that fails to decode or whose checksum does not match is logged, read again from
-storage and rewritten; the other rows are used as they are. Footers are parsed lazily
+bytes) plus the footer in the format's own bytes (Parquet: its Thrift bytes). Nothing is
+unpickled, so a cache directory shared with others cannot run their code.
+
+Every row proves itself: it carries a checksum (xxh3) of the cache's format version and of
+everything else it holds, key and stamp included, and a schema is named by the xxhash of its
+bytes. A row that fails its checksum or does not decode, or whose schema fails its digest, is
+logged (one WARNING naming the files and the cache), its file's footer is read again from
+storage and the row rewritten; a failed row of a file not listed is deleted. The other rows are
+used as they are. A database SQLite finds damaged (not a database, malformed) is deleted and
+created anew. Footers are parsed lazily
 (``CachedMetadata.footer``): the main process never parses them, a worker parses only the
 footers of files it reads.
 
@@ -23,8 +29,8 @@ memory between the processes, which network filesystems (an NFS home directory) 
 provide, and a WAL database there can be corrupted. Concurrent builders wait up to 30 s for a
 write.
 
-The cache is an optimisation: any failure to open, read or write it warns once and indexing
-proceeds from storage.
+The cache is an optimisation: any other failure to open, read or write it (read-only, locked)
+warns once and indexing proceeds from storage.
 """
 
 from __future__ import annotations
@@ -47,17 +53,24 @@ from ._log import log, some_names
 
 __all__ = ["CachedMetadata", "IndexCache", "cache_dir", "open_cache"]
 
-# v1 rows were pickles, v2 rows have no content fingerprint: neither is ever read.
-_FILENAME = "index-v3.sqlite"
+# v1 rows were pickles, v2 rows have no content fingerprint, v3 rows no checksum of the whole
+# row: none is ever read. The version is also part of every row's checksum.
+_VERSION = 4
+_FILENAME = f"index-v{_VERSION}.sqlite"
 _OFF = frozenset({"0", "off", "false", "no", "disable", "disabled"})
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     namespace TEXT NOT NULL, path TEXT NOT NULL, format TEXT NOT NULL,
     size INTEGER NOT NULL, version TEXT NOT NULL, entry TEXT NOT NULL, footer BLOB NOT NULL,
+    checksum TEXT NOT NULL,
     PRIMARY KEY (namespace, path, format)
 );
 CREATE TABLE IF NOT EXISTS schemas (digest TEXT PRIMARY KEY, schema BLOB NOT NULL);
 """
+# How long a builder waits for another's write before indexing without the cache.
+_BUSY_SECONDS = 30.0
+# SQLite's primary result codes for a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB.
+_DAMAGED = (11, 26)
 _warned = threading.Event()
 
 
@@ -123,12 +136,13 @@ class IndexCache:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
-        # Text that is not UTF-8 (a corrupt row) decodes to a value _decode rejects, not an error.
-        self._db.text_factory = lambda raw: raw.decode(errors="surrogateescape")
-        self._db.execute("PRAGMA journal_mode=DELETE")  # not WAL: see the module docstring
-        self._db.executescript(_SCHEMA)
         self._schemas: dict[str, pa.Schema] = {}
+        try:
+            self._db = _connect(path)
+        except sqlite3.DatabaseError as exc:
+            if not _damaged(exc):
+                raise
+            self._db = self._anew(exc)
 
     def close(self) -> None:
         self._db.close()
@@ -138,32 +152,15 @@ class IndexCache:
     ) -> list[tuple[FileMetadata, str] | None]:
         """Cached metadata and content fingerprint of each entry (``FileEntry``), ``None`` where
         missing, stale or corrupt (corrupt rows are logged; reading the file again replaces
-        them)."""
-        wanted = {e.path: (e.size, e.stamp) for e in entries if e.stamp}
-        if not wanted:
+        them). A damaged database is rebuilt empty."""
+        try:
+            return self._get(namespace, fmt, entries)
+        except sqlite3.DatabaseError as exc:
+            if not _damaged(exc):
+                raise
+            self._db.close()
+            self._db = self._anew(exc)
             return [None] * len(entries)
-        # One range scan of the primary key over the listed paths (they share a prefix).
-        query = (
-            "SELECT path, size, version, entry, footer FROM files "
-            "WHERE namespace = ? AND path >= ? AND path <= ? AND format = ?"
-        )
-        bounds = [namespace, min(wanted), max(wanted), fmt.name]
-        rows = {
-            path: _decode(entry, footer)
-            for path, size, version, entry, footer in self._db.execute(query, bounds)
-            if wanted.get(path) == (size, version)
-        }
-        self._load_schemas({row.schema for row in rows.values() if row is not None})
-        found = [self._metadata(rows[e.path], fmt) if e.path in rows else None for e in entries]
-        corrupt = [e.path for e, m in zip(entries, found, strict=True) if e.path in rows and not m]
-        if corrupt:
-            log.warning(
-                "index cache %s: %d corrupt entries ignored (%s); reading their footers again",
-                self.path,
-                len(corrupt),
-                some_names(corrupt),
-            )
-        return found
 
     def put(
         self, namespace: str, fmt: FileFormat, items: Iterable[tuple[Any, FileMetadata, str]]
@@ -182,21 +179,94 @@ class IndexCache:
                 "unit_rows": list(meta.unit_rows),
                 "unit_bytes": list(meta.unit_bytes),
                 "fingerprint": fingerprint,
-                "footer": xxhash.xxh64_hexdigest(footer),
             }
-            row = (namespace, entry.path, fmt.name, entry.size, entry.stamp)
-            rows.append((*row, json.dumps(fields, separators=(",", ":")), footer))
+            # As SQLite hands them back, so that the checksum is that of what is read.
+            key = (namespace, entry.path, fmt.name, int(entry.size), str(entry.stamp))
+            row = (*key, json.dumps(fields, separators=(",", ":")))
+            rows.append((*row, footer, _checksum(row, footer)))
         if not rows:
             return
+        try:
+            self._write(rows, schemas)
+        except sqlite3.DatabaseError as exc:
+            if not _damaged(exc):
+                raise
+            self._db.close()
+            self._db = self._anew(exc)
+            self._write(rows, schemas)
+
+    def _get(
+        self, namespace: str, fmt: FileFormat, entries: Sequence[Any]
+    ) -> list[tuple[FileMetadata, str] | None]:
+        wanted = {e.path: (e.size, e.stamp) for e in entries if e.stamp}
+        if not wanted:
+            return [None] * len(entries)
+        # One range scan of the primary key over the listed paths (they share a prefix).
+        query = (
+            "SELECT rowid, path, size, version, entry, footer, checksum FROM files "
+            "WHERE namespace = ? AND path >= ? AND path <= ? AND format = ?"
+        )
+        bounds = [namespace, min(wanted), max(wanted), fmt.name]
+        rows: dict[str, _Row | None] = {}
+        failed: dict[int, str] = {}  # rowid: path, of rows that fail their checksum
+        for rowid, path, size, version, entry, footer, checksum in self._db.execute(query, bounds):
+            if checksum != _checksum((namespace, path, fmt.name, size, version, entry), footer):
+                failed[rowid] = path
+            elif wanted.get(path) == (size, version):
+                rows[path] = _decode(entry, footer)
+        self._load_schemas({row.schema for row in rows.values() if row is not None})
+        found = [self._metadata(rows[e.path], fmt) if e.path in rows else None for e in entries]
+        bad = [e.path for e, m in zip(entries, found, strict=True) if e.path in rows and not m]
+        bad += failed.values()
+        if bad:
+            log.warning(
+                "index cache %s: %d corrupt entries ignored (%s); reading their footers again "
+                "from storage and rewriting them",
+                self.path,
+                len(bad),
+                some_names(bad),
+            )
+        if failed:
+            self._forget(list(failed))
+        return found
+
+    def _write(self, rows: list[tuple[Any, ...]], schemas: dict[str, bytes]) -> None:
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             # REPLACE, not IGNORE: a schema row that went bad is rewritten with good bytes.
             self._db.executemany("INSERT OR REPLACE INTO schemas VALUES (?, ?)", schemas.items())
-            self._db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            self._db.executemany(
+                "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows
+            )
+
+    def _forget(self, rowids: list[int]) -> None:
+        """Delete rows that failed their checksum (a listed file's row is rewritten anyway; this
+        removes one whose key went bad). Left for the next build if the cache is busy or
+        read-only (which the write of the listed files reports)."""
+        try:
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.executemany("DELETE FROM files WHERE rowid = ?", [(r,) for r in rowids])
+        except sqlite3.OperationalError:
+            pass
+
+    def _anew(self, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
+        """An empty database in place of one SQLite finds damaged (its journal, which belongs
+        to the damaged file, deleted too)."""
+        log.warning(
+            "index cache %s is damaged (%s); deleting it and building it anew: every footer "
+            "is read again from storage",
+            self.path,
+            exc,
+        )
+        for stale in (self.path, self.path.with_name(f"{self.path.name}-journal")):
+            stale.unlink(missing_ok=True)
+        self._schemas.clear()
+        return _connect(self.path)
 
     def _load_schemas(self, digests: set[str]) -> None:
         """Parse the schemas named by ``digests``; a row whose bytes do not match its digest
-        is left out (the files naming it miss and are read again)."""
+        is left out (the files naming it miss, are logged and read again)."""
         for digest in digests - self._schemas.keys():
             row = self._db.execute(
                 "SELECT schema FROM schemas WHERE digest = ?", [digest]
@@ -214,8 +284,41 @@ class IndexCache:
         return meta, row.fingerprint
 
 
-def _decode(entry: object, footer: object) -> _Row | None:
-    """The row's fields if they are well formed and the footer matches its checksum."""
+def _connect(path: Path) -> sqlite3.Connection:
+    """The database at ``path``, its tables created if new."""
+    db = sqlite3.connect(str(path), timeout=_BUSY_SECONDS, isolation_level=None)
+    try:
+        # Text that is not UTF-8 (a corrupt row) decodes to a value that fails its checksum.
+        db.text_factory = lambda raw: raw.decode(errors="surrogateescape")
+        db.execute("PRAGMA journal_mode=DELETE")  # not WAL: see the module docstring
+        db.executescript(_SCHEMA)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _damaged(exc: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite found the file damaged, not busy, locked or read-only."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
+    if code is not None:
+        return code & 0xFF in _DAMAGED
+    return "malformed" in str(exc) or "not a database" in str(exc)
+
+
+def _checksum(fields: tuple[object, ...], footer: object) -> str | None:
+    """xxh3 of the cache's format version, a row's fields (key, stamp, entry) and its footer;
+    ``None`` (which no stored checksum equals) when the footer is not bytes. Fields are joined
+    by NUL, which none holds (JSON escapes it)."""
+    if not isinstance(footer, bytes):
+        return None
+    text = "\0".join(map(str, (_VERSION, *fields, "")))
+    return xxhash.xxh3_64_hexdigest(text.encode(errors="surrogateescape") + footer)
+
+
+def _decode(entry: object, footer: bytes) -> _Row | None:
+    """The row's fields if they are well formed (a row with a valid checksum is, unless a
+    writer other than this module made it)."""
     try:
         fields = json.loads(entry)  # type: ignore[arg-type]
         row = _Row(
@@ -223,9 +326,8 @@ def _decode(entry: object, footer: object) -> _Row | None:
             tuple(fields["unit_rows"]),
             tuple(fields["unit_bytes"]),
             fields["fingerprint"],
-            footer,  # type: ignore[arg-type]
+            footer,
         )
-        checksum = fields["footer"]
     except (ValueError, TypeError, KeyError):
         return None
     ints = row.unit_rows + row.unit_bytes
@@ -233,10 +335,8 @@ def _decode(entry: object, footer: object) -> _Row | None:
         isinstance(row.schema, str)
         and isinstance(row.fingerprint, str)
         and len(row.fingerprint) == 16
-        and isinstance(row.footer, bytes)
         and len(row.unit_rows) == len(row.unit_bytes)
         and all(type(n) is int and n >= 0 for n in ints)
-        and checksum == xxhash.xxh64_hexdigest(row.footer)
     )
     return row if valid else None
 
