@@ -32,6 +32,7 @@ from ._schedule import Schedule
 from ._state import (
     STATE_VERSION,
     StreamEntry,
+    check_cursor,
     check_version,
     decode,
     decode_generation,
@@ -166,15 +167,17 @@ def stored_timeline(state: Mapping[str, Any]) -> Timeline:
             f"state key '_mixture.epoch_size' must be an int from 1 to {_MAX_EPOCH_SIZE}, got "
             f"{rows!r:.80}"
         )
+    streams = len(state["streams"])  # a segment's lists hold one entry per worker stream, or none
     if not (
         isinstance(segment, list)
         and len(segment) == 4
         and isinstance(segment[3], list)
         and all(type(n) is int and n >= 0 for n in segment[3])
-        and (not segment[1] or len(segment[3]) in (0, len(segment[1])))
+        and len(segment[3]) in (0, streams)
         and type(segment[0]) is int
-        and segment[0] >= 0
+        and 0 <= segment[0] <= state["epoch"]
         and isinstance(segment[1], list)
+        and len(segment[1]) in (0, streams)
         and all(type(p) is int and p >= 0 for p in segment[1])
         and isinstance(segment[2], dict)
         and all(
@@ -185,8 +188,15 @@ def stored_timeline(state: Mapping[str, Any]) -> Timeline:
         )
     ):
         raise InvalidStateError(
-            f"state key '_mixture.segment' must be [epoch, [position per worker], {{source: "
-            f"[rows per worker]}}, [positions of that epoch per worker]], got {segment!r:.200}"
+            f"state key '_mixture.segment' must be [epoch (at most the state's epoch "
+            f"{state['epoch']}), [position per worker], {{source: [rows per worker]}}, "
+            f"[positions of that epoch per worker]], each list empty or of one entry per "
+            f"worker stream ({streams}), got {segment!r:.200}"
+        )
+    if (state["epoch"] + 1) * rows > _MAX_POSITION:
+        raise InvalidStateError(
+            f"state key 'epoch' is {state['epoch']}: epochs of {rows} positions put it past "
+            f"position 2**62 of the mixture, beyond any job: the state is corrupted"
         )
     block, seed = mixture.get("schedule_block", 0), mixture.get("schedule_seed", 0)
     if type(block) is not int or block < 0 or type(seed) is not int:
@@ -262,6 +272,8 @@ def _source_rest(sub: object, name: str) -> SourceRest:
 
 # Positions of a mixture epoch a state may hold: far beyond any job, well within int64.
 _MAX_EPOCH_SIZE = 2**48
+# Positions of a stream over all its epochs: room left within int64.
+_MAX_POSITION = 2**62
 
 _KEYS: dict[str, type] = {
     "version": int, "epoch": int, "_mixture": dict, "_num_workers": int, "_rank": int,
@@ -278,7 +290,9 @@ def check_shape(state: object) -> None:
             "a dataset of one source"
         )
     for key, kind in _KEYS.items():
-        value = state.get(key)
+        if key not in state:
+            raise InvalidStateError(f"state has no key {key!r}; was it saved by this library?")
+        value = state[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise InvalidStateError(
                 f"state key {key!r} must be {kind.__name__}, got {type(value).__name__}"
@@ -292,3 +306,4 @@ def check_shape(state: object) -> None:
                 f"state key 'streams[{number}]' must be a position >= 0 or null, got "
                 f"{position!r:.80}"
             )
+    check_cursor(state)
