@@ -13,13 +13,14 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_fuzz import _get as field
+from test_fuzz import _nodes
 from test_mixing import write_source
 
 from torch_dataloader_utils import CheckpointMismatchError, InvalidStateError, StructuredDataset
@@ -55,18 +56,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         resumed.load_state_dict(state)
         states[workers] = (state, rest(resumed))
     return {"paths": paths, "states": states}
-
-
-def leaves(value: Any, path: Path_ = ()) -> Iterator[Path_]:
-    """The path of every field of a state, containers included (not the state itself)."""
-    if path:
-        yield path
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from leaves(item, (*path, key))
-    elif isinstance(value, list):
-        for number, item in enumerate(value):
-            yield from leaves(item, (*path, number))
 
 
 def corruptions(value: Any) -> list[Any]:
@@ -131,19 +120,13 @@ def test_a_corrupted_field_is_refused_by_name_or_resumes_exactly(
             return
         assert got == expected, f"{path}: loaded and delivered other rows"
 
-    fields = sorted(leaves(state), key=repr)
+    fields = sorted((p for p in _nodes(state) if p), key=repr)  # every field but the state
     corruption = st.sampled_from(fields).flatmap(
         lambda path: st.tuples(st.just(path), st.sampled_from(options(path)))
     )
     for known in KNOWN:
         check(known)
     settings(max_examples=examples, deadline=None)(given(corruption)(check))()
-
-
-def field(state: Any, path: Path_) -> Any:
-    for key in path:
-        state = state[key]
-    return state
 
 
 @pytest.mark.parametrize("mixture", [True, False])
