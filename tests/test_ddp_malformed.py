@@ -16,7 +16,11 @@ from typing import Any
 
 import pytest
 from _launch import launch_job, torchrun
+from test_ddp import solo_group  # noqa: F401 (a fixture)
 from test_mixing import write_source
+
+from torch_dataloader_utils import InvalidStateError, StructuredDataset
+from torch_dataloader_utils._distributed import _Failure, _outcome
 
 TESTS = Path(__file__).parent
 JOB_SCRIPT = TESTS / "ddp" / "malformed_job.py"
@@ -66,6 +70,7 @@ def launched(
 
 
 @pytest.mark.ddp
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("dataset", ["single", "mixture"])
 @pytest.mark.parametrize("case", sorted(EXPECTED))
@@ -85,8 +90,43 @@ def test_every_rank_raises_the_same_library_error(
 
 
 @pytest.mark.ddp
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("dataset", ["single", "mixture"])
 def test_the_valid_list_still_loads(launched: dict[int, Any], dataset: str) -> None:
     for rank in (0, 1):
         assert launched[rank][dataset]["valid"]["scatter"]["error"] is None
+
+
+# ----------------------------------------------------------------------------- in one process
+
+
+def test_any_error_of_a_validation_is_a_library_refusal() -> None:
+    """What the source rank ships instead of the states: a raw error as an InvalidStateError."""
+    failure = _outcome(lambda: {"version": 6}["epoch"])
+    assert isinstance(failure, _Failure) and isinstance(failure.error, InvalidStateError)
+    assert str(failure.error) == "a malformed state (KeyError: 'epoch')"
+    assert isinstance(failure.error.__cause__, KeyError)
+
+
+@pytest.mark.ddp
+def test_a_failed_load_in_a_group_leaves_the_dataset_as_it_was(
+    solo_group: None,  # noqa: F811
+    parquet_dir: Path,
+    small_split: int,
+) -> None:
+    """The load after the scatter fails (the state names other files): raised with a note
+    naming the rank, and the dataset keeps the state it had before."""
+    loader, dataset = StructuredDataset.create_dataloader(
+        str(parquet_dir), batch_size=24, split_bytes=small_split
+    )
+    it = iter(loader)
+    next(it)
+    state = dataset.state_dict()
+    del it
+    before = dataset.state_dict()
+    state["files"]["digest"] = "0" * 16
+    with pytest.raises(InvalidStateError, match="state key 'num_splits' is") as info:
+        dataset.restore_state_global([state])
+    assert "(rank 0 could not load its state;" in "".join(info.value.__notes__)
+    assert dataset.state_dict() == before
