@@ -21,9 +21,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_fuzz import _get as field
 from test_fuzz import _nodes
-from test_mixing import write_source
+from test_mixing import write_documents, write_source
 
-from torch_dataloader_utils import CheckpointMismatchError, InvalidStateError, StructuredDataset
+from torch_dataloader_utils import (
+    CheckpointMismatchError,
+    InvalidStateError,
+    StructuredDataset,
+    TokenPacking,
+)
 
 LIBRARY_ERRORS = (InvalidStateError, CheckpointMismatchError)
 KWARGS: dict[str, Any] = {"weights": {"web": 2, "code": 1}, "batch_size": 4, "shuffle": True}
@@ -144,3 +149,38 @@ def test_a_cursor_past_the_workers_is_refused_when_loaded(
     state["cursor"] = 7
     with pytest.raises(InvalidStateError, match=r"state key 'cursor' is 7, but 'streams' holds 2"):
         loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("field_of_code", "value", "message"),
+    [
+        # OverflowError: Python int too large to convert to C long, at the first iteration
+        ("fresh", 2**63, r"'sources.code.epochs' .* and '.fresh' \(9223372036854775808\)"),
+        # "its parts do not fit together (KeyError: 0)"
+        ("streams", [None], r"'sources.code.streams\[0\]' is null, but 'streams\[0\]' holds"),
+    ],
+)  # fmt: skip
+def test_a_packed_source_out_of_step_is_refused_by_name(
+    tmp_path: Path, field_of_code: str, value: Any, message: str
+) -> None:
+    """A packed mixture's place in a source is its stored one (by tokens): a source whose
+    place contradicts the mixture's position is refused when loaded, naming both keys.
+    (What the state claims of tokens -- a position, the tokens of a row delivered -- cannot be
+    checked without reading: such an edit loads, and delivers what it claims.)"""
+    paths = {"web": write_documents(tmp_path, "web", 0, 40)}
+    paths["code"] = write_documents(tmp_path, "code", 1, 25)
+    kwargs = {**KWARGS, "batch_size": 2, "epoch_size": 30}
+    loader, _ = StructuredDataset.create_dataloader(
+        paths, packing=TokenPacking("tokens", seq_len=8), **kwargs
+    )
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    state["sources"]["code"][field_of_code] = value
+    fresh, _ = StructuredDataset.create_dataloader(
+        paths, packing=TokenPacking("tokens", seq_len=8), **kwargs
+    )
+    with pytest.raises(InvalidStateError, match=message):
+        fresh.load_state_dict(state)

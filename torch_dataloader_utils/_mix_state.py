@@ -115,14 +115,25 @@ def checked_rows(
     stored = then.mix.names.index(name)
     rows = {}
     for worker, entry in enumerate(entries):
-        if entry is None or worker not in then.positions:
+        if worker not in then.positions:
             continue
+        if entry is None:
+            raise InvalidStateError(
+                f"state key 'sources.{name}.streams[{worker}]' is null, but 'streams[{worker}]' "
+                f"holds a position: the state is corrupted"
+            )
         stream = then.stream(worker)
         if mix.config.packing is None:
             ordinal = int(then.counts(worker, then.positions[worker])[stored])
         else:
             ordinal = then.mix.ordinal_of(
                 source, stream, source_epochs[worker], entry.position, workers
+            )
+        if not 0 <= ordinal < _MAX_POSITION:
+            raise InvalidStateError(
+                f"state keys 'sources.{name}.epochs' ({source_epochs[worker]} for worker "
+                f"{worker}) and '.fresh' ({sub.get('fresh')!r:.40}) put that worker at row "
+                f"{ordinal} of the source's epochs, outside [0, 2**62): the state is corrupted"
             )
         place = then.mix.place(source, stream, ordinal, workers, entry.tokens)
         if (place.epoch, entry.position, entry.rows, entry.next_row) != (
