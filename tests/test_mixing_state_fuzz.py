@@ -1,11 +1,11 @@
 """A corrupted mixture state: refused by name when it is loaded, or resumed exactly.
 
-A valid mixture state (JSON) gets one field corrupted -- removed, of another type, or out of
-range -- and is loaded into a fresh loader of the same mixture. Either the load (or, for what
-only the iteration can tell, the iteration) raises ``InvalidStateError`` naming a key, or
-``CheckpointMismatchError`` naming what differs, or the loader delivers exactly what the
-uncorrupted state delivers. Never a raw ``KeyError``, ``TypeError`` or
-``IndexError``.
+A valid mixture state (JSON; alone, or the second of an elastic list) gets one field
+corrupted -- removed, of another type, or out of range -- and is loaded into a fresh loader of
+the same mixture. Either the load (or, for what only the iteration can tell, the iteration)
+raises ``InvalidStateError`` naming a key, or ``CheckpointMismatchError`` naming what differs,
+or the loader delivers exactly what the uncorrupted state delivers. Never a raw ``KeyError``,
+``TypeError`` or ``IndexError``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,8 @@ def rest(loader: Any) -> list[int]:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Sources, and per worker count a state after 3 batches with the rest it resumes into."""
+    """Sources; per worker count a state after 3 batches with the rest it resumes into; and
+    the states of 2 ranks after 2 and 3 batches with the rest they resume into on 1 rank."""
     root = tmp_path_factory.mktemp("mix-state-fuzz")
     paths = {"web": write_source(root, "web", 0, 50), "code": write_source(root, "code", 1, 30)}
     states = {}
@@ -60,7 +62,17 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         resumed = loader_of(paths, workers)
         resumed.load_state_dict(state)
         states[workers] = (state, rest(resumed))
-    return {"paths": paths, "states": states}
+    ranks = []
+    for rank in range(2):
+        loader, _ = StructuredDataset.create_dataloader(paths, rank=rank, world_size=2, **KWARGS)
+        it = iter(loader)
+        for _ in range(2 + rank):
+            next(it)
+        ranks.append(json.loads(json.dumps(loader.state_dict())))
+        del it
+    resumed = loader_of(paths, 0)
+    resumed.load_state_dict(ranks, elastic=True)
+    return {"paths": paths, "states": states, "elastic": (ranks, rest(resumed))}
 
 
 def corruptions(value: Any) -> list[Any]:
@@ -97,12 +109,23 @@ KNOWN = [
 ]
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize(("workers", "examples"), [(0, 100), (2, 25)])
-def test_a_corrupted_field_is_refused_by_name_or_resumes_exactly(
-    saved: dict[str, Any], workers: int, examples: int
+# ... and in the second of two ranks' states resumed elastically onto one rank
+KNOWN_ELASTIC = [
+    (("_mixture", "segment", 3), [0]),  # loaded: 20 rows delivered of the 60 left
+    (("sources", "code", "streams", 0, 1), 2**63),  # "(OverflowError: ...)", naming no key
+    (("streams", 0), 2**63),  # refused naming 'sources.web.epochs' and '.fresh', not it
+]
+
+
+def fuzz(
+    state: dict[str, Any],
+    resumed: Callable[[dict[str, Any]], list[int]],
+    expected: list[int],
+    known: list[tuple[Path_, Any]],
+    examples: int,
 ) -> None:
-    state, expected = saved["states"][workers]
+    """Corrupt one field of ``state`` (the ``known`` corruptions, then ``examples`` drawn):
+    ``resumed(corrupted)`` is refused naming a key, or delivers ``expected``."""
 
     def options(path: Path_) -> list[Any]:
         parent = field(state, path[:-1])
@@ -116,10 +139,8 @@ def test_a_corrupted_field_is_refused_by_name_or_resumes_exactly(
             del parent[path[-1]]
         else:
             parent[path[-1]] = value
-        loader = loader_of(saved["paths"], workers)
         try:
-            loader.load_state_dict(corrupt)
-            got = rest(loader)
+            got = resumed(corrupt)
         except LIBRARY_ERRORS as exc:
             assert named(exc, path), f"{path}: {exc}"
             return
@@ -129,9 +150,38 @@ def test_a_corrupted_field_is_refused_by_name_or_resumes_exactly(
     corruption = st.sampled_from(fields).flatmap(
         lambda path: st.tuples(st.just(path), st.sampled_from(options(path)))
     )
-    for known in KNOWN:
-        check(known)
+    for case in known:
+        check(case)
     settings(max_examples=examples, deadline=None)(given(corruption)(check))()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("workers", "examples"), [(0, 100), (2, 25)])
+def test_a_corrupted_field_is_refused_by_name_or_resumes_exactly(
+    saved: dict[str, Any], workers: int, examples: int
+) -> None:
+    state, expected = saved["states"][workers]
+
+    def resumed(corrupt: dict[str, Any]) -> list[int]:
+        loader = loader_of(saved["paths"], workers)
+        loader.load_state_dict(corrupt)
+        return rest(loader)
+
+    fuzz(state, resumed, expected, KNOWN, examples)
+
+
+@pytest.mark.timeout(300)
+def test_a_corrupted_field_of_an_elastic_list_is_refused_by_name_or_resumes_exactly(
+    saved: dict[str, Any],
+) -> None:
+    states, expected = saved["elastic"]
+
+    def resumed(corrupt: dict[str, Any]) -> list[int]:
+        loader = loader_of(saved["paths"], 0)
+        loader.load_state_dict([states[0], corrupt], elastic=True)
+        return rest(loader)
+
+    fuzz(states[1], resumed, expected, KNOWN_ELASTIC, 60)
 
 
 @pytest.mark.parametrize("mixture", [True, False])

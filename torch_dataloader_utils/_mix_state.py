@@ -40,7 +40,14 @@ from ._state import (
     misplaced,
 )
 
-__all__ = ["check_shape", "checked_rows", "encode_mixture", "stored_rests", "stored_timeline"]
+__all__ = [
+    "check_positions",
+    "check_shape",
+    "checked_rows",
+    "encode_mixture",
+    "stored_rests",
+    "stored_timeline",
+]
 
 
 def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
@@ -148,6 +155,25 @@ def checked_rows(
             raise _in_source(misplaced(where, epochs.settings(workers), worker), name)
         rows[worker] = (ordinal, entry.tokens)
     return rows
+
+
+def check_positions(then: MixedProgress) -> None:
+    """Each stream's stored position within its epoch, whose length (after an elastic resume,
+    the segment's) is at most an epoch's share."""
+    segment = then.mix.timeline.segment
+    for worker, length in enumerate(segment.lengths):
+        if length > then.length(worker) + 1:  # a rest dealt anew is at most an epoch's share
+            raise InvalidStateError(
+                f"state key '_mixture.segment' gives worker {worker} {length} positions in "
+                f"epoch {segment.epoch}, more than an epoch's {then.length(worker)}: the "
+                f"state is corrupted"
+            )
+    for worker, position in then.positions.items():
+        if position > then.total(worker):
+            raise InvalidStateError(
+                f"state key 'streams[{worker}]' is {position}, past the {then.total(worker)} "
+                f"positions of that stream's epoch: the state is corrupted"
+            )
 
 
 def _in_source(exc: CheckpointMismatchError | InvalidStateError, name: str) -> Exception:

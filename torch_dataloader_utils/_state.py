@@ -97,6 +97,8 @@ _OLD_VERSIONS = {
     "from all over the dataset (the same position means other rows)",
 }
 ELASTIC_FIELDS = ("world_size", "rank", "num_workers", "even_batches")
+# Rows or tokens a stream entry may count: beyond any data set, within int64 when summed.
+_MAX_COUNT = 2**62
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,8 +281,8 @@ def _decode_stream(entry: object, number: int, index: DatasetIndex) -> StreamEnt
 def _bad_stream(entry: object, number: int) -> InvalidStateError:
     return InvalidStateError(
         f"state key 'streams[{number}]' must be [position, tokens, rows, path, row_offset, "
-        f"row_length, fingerprint, row] with position < rows, or [rows, 0, rows] at the "
-        f"stream's end, got {entry!r:.200}"
+        f"row_length, fingerprint, row] with position < rows < 2**62, or [rows, 0, rows] at "
+        f"the stream's end, got {entry!r:.200}"
     )
 
 
@@ -288,7 +290,7 @@ def _is_stream(entry: object) -> bool:
     if not (
         isinstance(entry, list)
         and len(entry) in (3, 8)
-        and all(type(v) is int and v >= 0 for v in entry[:3])
+        and all(type(v) is int and 0 <= v < _MAX_COUNT for v in entry[:3])
     ):
         return False
     position, tokens, rows = entry[:3]
