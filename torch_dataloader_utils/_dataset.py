@@ -41,11 +41,13 @@ from ._mix_epochs import (
     source_seed,
 )
 from ._mix_resume import load_mixture, load_mixture_elastic
+from ._mix_state import check_shape as mixture_shape
 from ._mix_state import encode_mixture
 from ._mix_stream import MixedSource
 from ._mixture import MAX_EPOCH_SIZE, Source, check_schemas, mixture_sources, source_column_name
 from ._reader import StreamReader
 from ._schedule import MAX_BLOCK, Schedule
+from ._state import check_shape as state_shape
 from ._storage import Storage
 from ._stream import ChunkSource, SourceFiles
 from ._tokens import TokenPacking
@@ -427,10 +429,20 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         ``src_rank=None`` means every rank already holds the full list. With ``elastic=True``
         the list may come from a job with another ``world_size``/``num_workers``.
         """
+        mixture = isinstance(self._epochs, MixedEpochs)
         mine = _distributed.scatter_states(
-            states, src_rank, self._rank, self._world_size, elastic=elastic
-        )
-        self.load_state_dict(mine, elastic=elastic)
+            states, src_rank, self._rank, self._world_size, elastic=elastic,
+            check=mixture_shape if mixture else state_shape,
+        )  # fmt: skip
+        if src_rank is None:  # every rank holds the list: no communication at all
+            self.load_state_dict(mine, elastic=elastic)
+            return
+        before = (self._start, self._epochs, self._progress, self._resumed)
+        try:
+            _distributed.agree(lambda: self.load_state_dict(mine, elastic=elastic))
+        except Exception:  # another rank's load failed: this one's is undone too
+            self._start, self._epochs, self._progress, self._resumed = before
+            raise
 
     @property
     def _index(self) -> DatasetIndex:

@@ -6,9 +6,12 @@ own entry (``dist.scatter_object_list``); with ``elastic`` every rank needs ever
 the whole list is broadcast (``dist.broadcast_object_list``). With ``src_rank=None`` every rank
 already holds the list and nothing is communicated.
 
-The list is validated where it is known (on ``src_rank``) and a failure is sent to every rank,
-so all ranks raise the same error together instead of some of them waiting forever in a
-collective the others have left.
+The list is validated where it is known (on ``src_rank``), every state's shape included, before
+anything is sent; a failure (any exception: one that is not the library's becomes an
+``InvalidStateError``) is sent to every rank instead of the states, so all ranks raise the same
+error together instead of some of them waiting forever in a collective the others have left.
+``agree`` then runs each rank's load and, when it fails on any rank, raises the first failing
+rank's error on every rank.
 
 ``from_rank_zero`` builds a value (the dataset index) on rank 0 only and broadcasts it, so a
 job reads every footer once, not once per rank (``on_every_rank`` first asks whether every
@@ -26,10 +29,18 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from ._errors import CheckpointMismatchError, InvalidStateError
-from ._state import check_coverage, check_same_epoch, check_setting, stored_split
+from ._errors import CheckpointMismatchError, DataLoaderUtilsError, InvalidStateError
+from ._state import (
+    check_coverage,
+    check_each,
+    check_same_epoch,
+    check_setting,
+    check_shape,
+    stored_split,
+)
 
 __all__ = [
+    "agree",
     "from_rank_zero",
     "gather_states",
     "on_every_rank",
@@ -73,17 +84,43 @@ def scatter_states(
     world_size: int,
     *,
     elastic: bool,
+    check: Callable[[Mapping[str, Any]], None] = check_shape,
 ) -> Mapping[str, Any] | Sequence[Mapping[str, Any]]:
-    """What this rank loads: its own state, or (elastic) the whole list."""
+    """What this rank loads: its own state, or (elastic) the whole list; ``check`` (a
+    dataset's state shape, by default one source's) refuses a state before anything is sent."""
     if src_rank is None:  # every rank holds the list: nothing to communicate
         if elastic:
-            return _as_list(states)
-        return _own_state(_as_list(states), rank, world_size)
+            return _well_formed(states, check)
+        return _own_state(_well_formed(states, check), rank, world_size)
     group_size = _require_process_group("restore_state_global")
     _check_rank_arg("src_rank", src_rank, group_size)
     if elastic:
-        return _broadcast_list(states, src_rank)
-    return _scatter_own(states, src_rank, rank, world_size, group_size)
+        return _broadcast_list(states, src_rank, check)
+    return _scatter_own(states, src_rank, rank, world_size, group_size, check)
+
+
+def agree(load: Callable[[], None]) -> None:
+    """Collective: ``load()`` on every rank; if it raised on any rank, every rank raises the
+    error of the first rank it raised on (a rank whose load succeeded too), with a note
+    naming that rank."""
+    mine: tuple[bytes, object] | None = None
+    if isinstance(failure := _outcome(load), _Failure):
+        mine = _pickled(failure)  # its bytes, and what they hold
+    failures: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, None if mine is None else mine[0])
+    for rank, pickled in enumerate(failures):
+        if pickled is not None:
+            if mine is not None and rank == dist.get_rank():
+                held = mine[1]  # this rank's own error, with its traceback
+            else:
+                held = pickle.loads(pickled)
+            assert isinstance(held, _Failure)
+            error = held.error
+            error.add_note(
+                f"(rank {rank} could not load its state; restore_state_global raises this on "
+                f"every rank)"
+            )
+            raise error
 
 
 def spans_process_group(rank: int, world_size: int) -> bool:
@@ -130,7 +167,9 @@ def _pickled(outcome: object) -> tuple[bytes, object]:
         return pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL), outcome
     except Exception as exc:
         what = type(getattr(outcome, "error", outcome)).__name__
-        failure = _Failure(RuntimeError(f"rank 0 cannot send its {what} to the other ranks: {exc}"))
+        failure = _Failure(
+            RuntimeError(f"rank {dist.get_rank()} cannot send its {what} to the other ranks: {exc}")
+        )
         return pickle.dumps(failure), failure
 
 
@@ -138,14 +177,16 @@ def _pickled(outcome: object) -> tuple[bytes, object]:
 
 
 def _broadcast_list(
-    states: Sequence[Mapping[str, Any]] | None, src_rank: int
+    states: Sequence[Mapping[str, Any]] | None,
+    src_rank: int,
+    check: Callable[[Mapping[str, Any]], None],
 ) -> Sequence[Mapping[str, Any]]:
     """The whole list on every rank; an unusable list raises on every rank."""
     payload: list[Any] = [None]
     if dist.get_rank() == src_rank:
-        payload[0] = _outcome(lambda: _as_list(states))
+        payload[0] = _pickled(_outcome(lambda: _well_formed(states, check)))[0]
     dist.broadcast_object_list(payload, src=src_rank)
-    return _unwrap(payload[0])  # type: ignore[no-any-return]
+    return _unwrap(pickle.loads(payload[0]))  # type: ignore[no-any-return]
 
 
 def _scatter_own(
@@ -154,31 +195,45 @@ def _scatter_own(
     rank: int,
     world_size: int,
     group_size: int,
+    check: Callable[[Mapping[str, Any]], None],
 ) -> Mapping[str, Any]:
-    """Process ``i`` receives ``states[i]``; a bad list raises the same error on every rank."""
+    """Process ``i`` receives ``states[i]``; a bad list raises the same error on every rank
+    (each entry is pickled here, so one that cannot be is a refusal too, not a collective that
+    fails on this rank alone)."""
     inputs: list[Any] | None = None
     if dist.get_rank() == src_rank:
-        checked = _outcome(lambda: _checked_list(_as_list(states), world_size, group_size))
-        inputs = [checked] * group_size if isinstance(checked, _Failure) else list(checked)
+        checked = _outcome(
+            lambda: [
+                pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+                for state in _checked_list(_well_formed(states, check), world_size, group_size)
+            ]
+        )
+        inputs = [_pickled(checked)[0]] * group_size if isinstance(checked, _Failure) else checked
     received: list[Any] = [None]
     dist.scatter_object_list(received, inputs, src=src_rank)
-    own = _unwrap(received[0])
+    own = _unwrap(pickle.loads(received[0]))
     _check_owner(own, rank)
     return own  # type: ignore[no-any-return]
 
 
 class _Failure:
-    """An error decided on the source rank, shipped to every rank to raise there."""
+    """An error decided on one rank, shipped to every rank to raise there."""
 
     def __init__(self, error: Exception) -> None:
         self.error = error
 
 
 def _outcome(compute: Callable[[], T]) -> T | _Failure:
+    """``compute()``, or its error as a failure: the library's errors and the argument errors
+    (``TypeError``, ``ValueError``) as they are, any other as an ``InvalidStateError``."""
     try:
         return compute()
-    except (CheckpointMismatchError, InvalidStateError, TypeError, ValueError) as exc:
+    except (DataLoaderUtilsError, TypeError, ValueError) as exc:
         return _Failure(exc)
+    except Exception as exc:
+        error = InvalidStateError(f"a malformed state ({type(exc).__name__}: {exc})")
+        error.__cause__ = exc
+        return _Failure(error)
 
 
 def _unwrap(value: Any) -> Any:
@@ -232,6 +287,15 @@ def _as_list(states: object) -> list[Mapping[str, Any]]:
                 raise InvalidStateError(
                     f"states[{number}] has no int key {key!r}; was it saved by this library?"
                 )
+    return out
+
+
+def _well_formed(
+    states: object, check: Callable[[Mapping[str, Any]], None]
+) -> list[Mapping[str, Any]]:
+    """``states`` as a list, each of its states of the right shape (``check``)."""
+    out = _as_list(states)
+    check_each(out, check)
     return out
 
 

@@ -222,10 +222,10 @@ class Epochs:
             position = 0 if start.positions is None else start.positions[worker]
             if position is None:
                 raise InvalidStateError(
-                    f"the state holds no position for worker {worker}: it was saved by another "
-                    f"worker's copy of the dataset (StatefulDataLoader keeps one state per "
-                    f"worker); load each worker's state in that worker, or save the state "
-                    f"through the loader"
+                    f"state key 'streams[{worker}]' is null: the state holds no position for "
+                    f"worker {worker}: it was saved by another worker's copy of the dataset "
+                    f"(StatefulDataLoader keeps one state per worker); load each worker's state "
+                    f"in that worker, or save the state through the loader"
                 )
             skips = {
                 row: tokens

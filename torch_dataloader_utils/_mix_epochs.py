@@ -459,8 +459,9 @@ class MixedEpochs:
             position = 0 if start.positions is None else start.positions[worker]
             if position is None:
                 raise InvalidStateError(
-                    f"the state holds no position for worker {worker}: it was saved by another "
-                    f"worker's copy of the dataset; save the state through the loader"
+                    f"state key 'streams[{worker}]' is null: the state holds no position for "
+                    f"worker {worker}: it was saved by another worker's copy of the dataset; "
+                    f"save the state through the loader"
                 )
             if self.config.packing is not None and not isinstance(position, MixPosition):
                 if start.epoch or position:

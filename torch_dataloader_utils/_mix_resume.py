@@ -14,7 +14,7 @@ from ._epoch import Start
 from ._errors import CheckpointMismatchError, InvalidStateError
 from ._log import log
 from ._mix_epochs import MixedEpochs, MixedProgress, MixPosition, Segment, SourceRest, Timeline
-from ._mix_state import check_shape, checked_rows, stored_rests, stored_timeline
+from ._mix_state import check_positions, check_shape, checked_rows, stored_rests, stored_timeline
 from ._plan import Deal, Generation, IntArray, Pieces
 from ._state import check_setting, one_job
 
@@ -79,19 +79,7 @@ def _load(
             f"state key 'streams' holds {len(state['streams'])} positions for "
             f"{max(1, workers)} worker stream(s): the state is corrupted"
         )
-    for worker, length in enumerate(stored.segment.lengths):
-        if length > then.length(worker) + 1:  # a rest dealt anew is at most an epoch's share
-            raise InvalidStateError(
-                f"state key '_mixture.segment' gives worker {worker} {length} positions in "
-                f"epoch {stored.segment.epoch}, more than an epoch's {then.length(worker)}: the "
-                f"state is corrupted"
-            )
-    for worker, position in then.positions.items():
-        if position > then.total(worker):
-            raise InvalidStateError(
-                f"state key 'streams[{worker}]' is {position}, past the {then.total(worker)} "
-                f"positions of that stream's epoch: the state is corrupted"
-            )
+    check_positions(then)
     rows = {
         name: checked_rows(mix, then, mix.names.index(name), sub, workers)
         for name, sub in state["sources"].items()
@@ -166,6 +154,7 @@ def _load_elastic(
                 f"position ({streams}): an elastic resume needs them all"
             )
         then.positions = dict(enumerate(state["streams"]))
+        check_positions(then)
         for name, sub in state["sources"].items():
             source = mix.names.index(name)
             rows = checked_rows(ranked, then, source, sub, old_workers)

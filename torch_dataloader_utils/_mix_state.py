@@ -33,6 +33,7 @@ from ._schedule import Schedule
 from ._state import (
     STATE_VERSION,
     StreamEntry,
+    check_cursor,
     check_version,
     decode,
     decode_generation,
@@ -40,7 +41,14 @@ from ._state import (
     misplaced,
 )
 
-__all__ = ["check_shape", "checked_rows", "encode_mixture", "stored_rests", "stored_timeline"]
+__all__ = [
+    "check_positions",
+    "check_shape",
+    "checked_rows",
+    "encode_mixture",
+    "stored_rests",
+    "stored_timeline",
+]
 
 
 def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
@@ -115,14 +123,25 @@ def checked_rows(
     stored = then.mix.names.index(name)
     rows = {}
     for worker, entry in enumerate(entries):
-        if entry is None or worker not in then.positions:
+        if worker not in then.positions:
             continue
+        if entry is None:
+            raise InvalidStateError(
+                f"state key 'sources.{name}.streams[{worker}]' is null, but 'streams[{worker}]' "
+                f"holds a position: the state is corrupted"
+            )
         stream = then.stream(worker)
         if mix.config.packing is None:
             ordinal = int(then.counts(worker, then.positions[worker])[stored])
         else:
             ordinal = then.mix.ordinal_of(
                 source, stream, source_epochs[worker], entry.position, workers
+            )
+        if not 0 <= ordinal < _MAX_POSITION:
+            raise InvalidStateError(
+                f"state keys 'sources.{name}.epochs' ({source_epochs[worker]} for worker "
+                f"{worker}) and '.fresh' ({sub.get('fresh')!r:.40}) put that worker at row "
+                f"{ordinal} of the source's epochs, outside [0, 2**62): the state is corrupted"
             )
         place = then.mix.place(source, stream, ordinal, workers, entry.tokens)
         if (place.epoch, entry.position, entry.rows, entry.next_row) != (
@@ -137,6 +156,25 @@ def checked_rows(
             raise _in_source(misplaced(where, epochs.settings(workers), worker), name)
         rows[worker] = (ordinal, entry.tokens)
     return rows
+
+
+def check_positions(then: MixedProgress) -> None:
+    """Each stream's stored position within its epoch, whose length (after an elastic resume,
+    the segment's) is at most an epoch's share."""
+    segment = then.mix.timeline.segment
+    for worker, length in enumerate(segment.lengths):
+        if length > then.length(worker) + 1:  # a rest dealt anew is at most an epoch's share
+            raise InvalidStateError(
+                f"state key '_mixture.segment' gives worker {worker} {length} positions in "
+                f"epoch {segment.epoch}, more than an epoch's {then.length(worker)}: the "
+                f"state is corrupted"
+            )
+    for worker, position in then.positions.items():
+        if position > then.total(worker):
+            raise InvalidStateError(
+                f"state key 'streams[{worker}]' is {position}, past the {then.total(worker)} "
+                f"positions of that stream's epoch: the state is corrupted"
+            )
 
 
 def _in_source(exc: CheckpointMismatchError | InvalidStateError, name: str) -> Exception:
@@ -167,15 +205,17 @@ def stored_timeline(state: Mapping[str, Any]) -> Timeline:
             f"state key '_mixture.epoch_size' must be an int from 1 to {MAX_EPOCH_SIZE}, got "
             f"{rows!r:.80}"
         )
+    streams = len(state["streams"])  # a segment's lists hold one entry per worker stream, or none
     if not (
         isinstance(segment, list)
         and len(segment) == 4
         and isinstance(segment[3], list)
         and all(type(n) is int and n >= 0 for n in segment[3])
-        and (not segment[1] or len(segment[3]) in (0, len(segment[1])))
+        and len(segment[3]) in (0, streams)
         and type(segment[0]) is int
-        and segment[0] >= 0
+        and 0 <= segment[0] <= state["epoch"]
         and isinstance(segment[1], list)
+        and len(segment[1]) in (0, streams)
         and all(type(p) is int and p >= 0 for p in segment[1])
         and isinstance(segment[2], dict)
         and all(
@@ -186,8 +226,15 @@ def stored_timeline(state: Mapping[str, Any]) -> Timeline:
         )
     ):
         raise InvalidStateError(
-            f"state key '_mixture.segment' must be [epoch, [position per worker], {{source: "
-            f"[rows per worker]}}, [positions of that epoch per worker]], got {segment!r:.200}"
+            f"state key '_mixture.segment' must be [epoch (at most the state's epoch "
+            f"{state['epoch']}), [position per worker], {{source: [rows per worker]}}, "
+            f"[positions of that epoch per worker]], each list empty or of one entry per "
+            f"worker stream ({streams}), got {segment!r:.200}"
+        )
+    if (state["epoch"] + 1) * rows > _MAX_POSITION:
+        raise InvalidStateError(
+            f"state key 'epoch' is {state['epoch']}: epochs of {rows} positions put it past "
+            f"position 2**62 of the mixture, beyond any job: the state is corrupted"
         )
     block, seed = mixture.get("schedule_block", 0), mixture.get("schedule_seed", 0)
     if type(block) is not int or block < 0 or type(seed) is not int:
@@ -261,6 +308,9 @@ def _source_rest(sub: object, name: str) -> SourceRest:
     )
 
 
+# Positions of a stream over all its epochs: room left within int64.
+_MAX_POSITION = 2**62
+
 _KEYS: dict[str, type] = {
     "version": int, "epoch": int, "_mixture": dict, "_num_workers": int, "_rank": int,
     "_world_size": int, "_even_batches": bool, "streams": list, "cursor": int, "sources": dict,
@@ -276,7 +326,9 @@ def check_shape(state: object) -> None:
             "a dataset of one source"
         )
     for key, kind in _KEYS.items():
-        value = state.get(key)
+        if key not in state:
+            raise InvalidStateError(f"state has no key {key!r}; was it saved by this library?")
+        value = state[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise InvalidStateError(
                 f"state key {key!r} must be {kind.__name__}, got {type(value).__name__}"
@@ -290,3 +342,4 @@ def check_shape(state: object) -> None:
                 f"state key 'streams[{number}]' must be a position >= 0 or null, got "
                 f"{position!r:.80}"
             )
+    check_cursor(state)

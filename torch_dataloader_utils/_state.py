@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CheckpointMismatchError, InvalidStateError
+from ._errors import CheckpointMismatchError, DataLoaderUtilsError, InvalidStateError
 from ._index import DatasetIndex
 from ._plan import Generation, IntArray
 from ._world import World
@@ -54,6 +54,8 @@ __all__ = [
     "Settings",
     "StreamEntry",
     "check_coverage",
+    "check_cursor",
+    "check_each",
     "check_same_epoch",
     "check_setting",
     "check_shape",
@@ -95,6 +97,8 @@ _OLD_VERSIONS = {
     "from all over the dataset (the same position means other rows)",
 }
 ELASTIC_FIELDS = ("world_size", "rank", "num_workers", "even_batches")
+# Rows or tokens a stream entry may count: beyond any data set, within int64 when summed.
+_MAX_COUNT = 2**62
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,8 +281,8 @@ def _decode_stream(entry: object, number: int, index: DatasetIndex) -> StreamEnt
 def _bad_stream(entry: object, number: int) -> InvalidStateError:
     return InvalidStateError(
         f"state key 'streams[{number}]' must be [position, tokens, rows, path, row_offset, "
-        f"row_length, fingerprint, row] with position < rows, or [rows, 0, rows] at the "
-        f"stream's end, got {entry!r:.200}"
+        f"row_length, fingerprint, row] with position < rows < 2**62, or [rows, 0, rows] at "
+        f"the stream's end, got {entry!r:.200}"
     )
 
 
@@ -286,7 +290,7 @@ def _is_stream(entry: object) -> bool:
     if not (
         isinstance(entry, list)
         and len(entry) in (3, 8)
-        and all(type(v) is int and v >= 0 for v in entry[:3])
+        and all(type(v) is int and 0 <= v < _MAX_COUNT for v in entry[:3])
     ):
         return False
     position, tokens, rows = entry[:3]
@@ -346,6 +350,17 @@ def check_shape(state: object) -> None:
     for number, entry in enumerate(state["streams"]):
         if entry is not None and not _is_stream(entry):
             raise _bad_stream(entry, number)
+    check_cursor(state)
+
+
+def check_cursor(state: Mapping[str, Any]) -> None:
+    """``cursor`` (an int >= 0) names one of the state's worker streams."""
+    streams = max(1, len(state["streams"]))
+    if state["cursor"] >= streams:
+        raise InvalidStateError(
+            f"state key 'cursor' is {state['cursor']}, but 'streams' holds {streams} worker "
+            f"stream(s): the state is corrupted"
+        )
 
 
 def _check_nested(state: Mapping[str, Any]) -> None:
@@ -569,6 +584,28 @@ def check_same_epoch(states: Sequence[Mapping[str, Any]]) -> None:
         )  # fmt: skip
 
 
+def check_each(states: Sequence[object], check: Callable[[Mapping[str, Any]], None]) -> None:
+    """Each state well-formed (``check``): any error of it is refused, naming the state."""
+    for number, state in enumerate(states):
+        try:
+            check(state)  # type: ignore[arg-type]
+        except Exception as exc:
+            raise _named(exc, f"states[{number}]") from exc
+
+
+def _named(error: Exception, where: str) -> Exception:
+    """``error`` about ``where``: a library error of the same kind with ``where`` in front of
+    its message; any other error, as a malformed state."""
+    if isinstance(error, CheckpointMismatchError):
+        return CheckpointMismatchError(
+            f"{where}: {error}", split=error.split, field=error.field, expected=error.expected,
+            found=error.found,
+        )  # fmt: skip
+    if isinstance(error, DataLoaderUtilsError):
+        return type(error)(f"{where}: {error}")
+    return InvalidStateError(f"{where} is malformed ({type(error).__name__}: {error})")
+
+
 def one_job(
     states: Sequence[Mapping[str, Any]],
     check: Callable[[Mapping[str, Any]], None],
@@ -579,8 +616,7 @@ def one_job(
     epoch, and equal in their ``shared`` keys (``part(state, key)`` of them)."""
     if not states:
         raise InvalidStateError("no states given: pass one state per rank of the old job")
-    for state in states:
-        check(state)
+    check_each(states, check)
     check_coverage(states)
     check_same_epoch(states)
     ordered = sorted(states, key=lambda state: state["_rank"])
