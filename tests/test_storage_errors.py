@@ -18,16 +18,19 @@ import base64
 import http.server
 import json
 import logging
+import os
 import socket
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, quote_plus
 
 import _harness
+import pyarrow as pa
 import pytest
 from _cloudservers import (  # noqa: F401
     AZURITE_ACCOUNT,
@@ -45,6 +48,8 @@ from _s3server import s3_fixture, s3_server_fixture  # noqa: F401
 
 from torch_dataloader_utils import DataSourceError, StructuredDataset
 from torch_dataloader_utils._cli import main
+from torch_dataloader_utils._compat import strip_protocol
+from torch_dataloader_utils._storage import Storage
 
 # Credentials with the characters that encodings change.
 TOKEN = "ya29.a0SECRET/tok+en=%41z"
@@ -290,3 +295,61 @@ def test_epoch_under_transient_faults_equals_the_clean_epoch(
         faulty = _harness.run_epoch({**case, "storage_options": options, "shuffle": False})
     assert faulty == clean
     assert sum(proxy.faults.values()) >= 4, proxy.faults
+
+
+def _message(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+    """The message of the storage error ``fn(*args, **kwargs)`` raises."""
+    with pytest.raises((FileNotFoundError, DataSourceError)) as info:
+        fn(*args, **kwargs)
+    return str(info.value)
+
+
+def _read(storage: Storage, path: str) -> bytes:
+    return storage.remote(path).get(0, 8)
+
+
+@pytest.mark.parametrize("store", BACKENDS, indirect=True)
+def test_every_missing_thing_is_named_by_its_url(store: Store):
+    store.put_table("data/a.parquet", pa.table({"id": [1, 2]}))
+    storage = Storage(store.url(""), store.options)
+    missing = f"{store.scheme}://tdu-missing-{store.bucket}/train/"
+    for url in (missing, missing + "a.parquet", store.url("nope/"), store.url("nope.parquet")):
+        assert url in _message(StructuredDataset, url, storage_options=store.options)
+    for url in (missing + "a.parquet", store.url("data/b.parquet")):
+        path = strip_protocol(storage.fs, url)
+        assert url in _message(storage.remote, path), url
+        storage._sizes[path] = 8  # listed, then removed: the read names it
+        assert url in _message(_read, storage, path), url
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("answering", [403], indirect=True)
+def test_a_denied_open_or_read_names_the_url(backend: str, answering: _Answering):
+    storage = Storage(_URLS[backend], _secret_options(backend, answering.endpoint))
+    url = _URLS[backend] + "a.parquet"
+    path = strip_protocol(storage.fs, url)
+    opened = _message(storage.remote, path)
+    storage._sizes[path] = 8
+    read = _message(_read, storage, path)
+    assert url in opened and "access denied (403)" in opened, opened
+    assert url in read and "access denied (403)" in read, read
+
+
+def test_local_and_memory_errors_name_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    write_dataset(tmp_path / "data", (4,))
+    memory = f"memory://tdu-{uuid.uuid4().hex}"
+    for url in (str(tmp_path / "nope"), f"{memory}/train/", f"{memory}/a.parquet"):
+        assert url in _message(StructuredDataset, url)
+    storage = Storage(memory)
+    path = strip_protocol(storage.fs, f"{memory}/a.parquet")
+    assert f"cannot open memory://{path}" in _message(storage.remote, path)  # memory:///tdu-
+    missing = str(tmp_path / "data" / "gone.parquet")
+    assert missing in _message(Storage(missing).open, missing)
+
+    def denied(path: Any) -> Any:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "scandir", denied)
+    root = str(tmp_path / "data")
+    message = _message(StructuredDataset, root)
+    assert f"cannot list {root}" in message and "Permission denied" in message, message
