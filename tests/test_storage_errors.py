@@ -15,6 +15,7 @@ status, a closed port, the emulators of ``_cloudservers``; DNS is answered by a 
 from __future__ import annotations
 
 import base64
+import errno
 import http.server
 import json
 import logging
@@ -49,6 +50,7 @@ from _s3server import s3_fixture, s3_server_fixture  # noqa: F401
 from torch_dataloader_utils import DataSourceError, StructuredDataset
 from torch_dataloader_utils._cli import main
 from torch_dataloader_utils._compat import strip_protocol
+from torch_dataloader_utils._retry import RetryPolicy, is_transient, retry_call
 from torch_dataloader_utils._storage import Storage
 
 # Credentials with the characters that encodings change.
@@ -353,3 +355,54 @@ def test_local_and_memory_errors_name_the_path(tmp_path: Path, monkeypatch: pyte
     root = str(tmp_path / "data")
     message = _message(StructuredDataset, root)
     assert f"cannot list {root}" in message and "Permission denied" in message, message
+
+
+class _Status(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"status {status}")
+        self.status = status
+
+
+def _wrapping(outer: BaseException, inner: BaseException) -> BaseException:
+    outer.__cause__ = inner
+    return outer
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("invalid range for s3://bucket/timeout/file.parquet"),
+        OSError(errno.EINVAL, "Invalid argument", "s3://bucket/data/ 500 rows.parquet"),
+        RuntimeError("cannot read 'gs://bkt/connection reset/a.parquet'"),
+        _wrapping(RuntimeError("s3://bucket/timeout/a.parquet"), FileNotFoundError("gone")),
+        _wrapping(RuntimeError("s3://bucket/ 503/a.parquet"), PermissionError("denied")),
+        _wrapping(OSError("reading bkt/timeout/k timed out"), _Status(404)),
+    ],
+    ids=repr,
+)
+def test_a_path_in_a_permanent_error_is_not_read_as_transient(error: BaseException):
+    calls: list[int] = []
+
+    def failing() -> None:
+        calls.append(1)
+        raise error
+
+    with pytest.raises(type(error)):
+        retry_call(failing, RetryPolicy(attempts=5, base_delay=0))
+    assert calls == [1]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError("An error occurred (503) when calling the GetObject operation"),
+        RuntimeError("HTTP 500: s3://bucket/key"),
+        RuntimeError("500 Internal Server Error for url 'http://127.0.0.1:9/bkt/o'"),
+        ValueError("Read timed out. (read timeout=5) on s3://bucket/a.parquet"),
+        _wrapping(RuntimeError("s3://bucket/timeout/a.parquet"), _Status(503)),
+        _wrapping(FileNotFoundError("s3://b/k"), ConnectionResetError(104, "reset")),
+    ],
+    ids=repr,
+)
+def test_transient_errors_are_still_told_by_their_own_words(error: BaseException):
+    assert is_transient(error) == (not isinstance(error, FileNotFoundError))
