@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import quote, quote_plus
 
 import _harness
+import fsspec
 import pyarrow as pa
 import pytest
 from _cloudservers import (  # noqa: F401
@@ -406,3 +407,75 @@ def test_a_path_in_a_permanent_error_is_not_read_as_transient(error: BaseExcepti
 )
 def test_transient_errors_are_still_told_by_their_own_words(error: BaseException):
     assert is_transient(error) == (not isinstance(error, FileNotFoundError))
+
+
+def _reachable(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and every exception reachable from it: causes, contexts, exceptions in args."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        link = todo.pop()
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        yield link
+        todo += [e for e in (link.__cause__, link.__context__) if e is not None]
+        todo += [a for a in link.args if isinstance(a, BaseException)]
+
+
+def _texts(error: BaseException) -> list[str]:
+    """str and repr of every reachable exception, its args and notes."""
+    return [
+        text
+        for link in _reachable(error)
+        for text in (str(link), repr(link), repr(link.args), *getattr(link, "__notes__", ()))
+    ]
+
+
+def _caught(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BaseException:
+    with pytest.raises(Exception) as info:
+        fn(*args, **kwargs)
+    return info.value
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("answering", [403], indirect=True)
+def test_no_secret_is_reachable_from_a_storage_error(backend: str, answering: _Answering):
+    # The server echoes each request's headers (credentials) into its error.
+    options = _secret_options(backend, answering.endpoint)
+    listing = _caught(StructuredDataset, _URLS[backend], storage_options=options)
+    storage = Storage(_URLS[backend], options)
+    path = strip_protocol(storage.fs, _URLS[backend] + "a.parquet")
+    opening = _caught(storage.remote, path)
+    storage._sizes[path] = 8
+    reading = _caught(_read, storage, path)
+    for error in (listing, opening, reading):
+        assert isinstance(error, DataSourceError), repr(error)
+        _assert_no_secret(*_texts(error))
+
+
+def test_no_secret_is_reachable_when_the_sdk_names_it(monkeypatch: pytest.MonkeyPatch):
+    options = {"token": TOKEN}
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError(f"token {TOKEN} is malformed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fsspec.core, "url_to_fs", refuse)
+        setup = _caught(Storage, "memory://tdu-secret/", options)
+    storage = Storage("memory://tdu-secret/", options)
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        error = RuntimeError("the listing failed")
+        error.add_note(f"Authorization: Bearer {TOKEN}")
+        raise error
+
+    monkeypatch.setattr(storage.fs, "find", fail)
+    monkeypatch.setattr(storage.fs, "size", fail)
+    listing = _caught(storage.list_files, "memory://tdu-secret/train/")
+    opening = _caught(storage.remote, "/tdu-secret/a.parquet")
+    assert isinstance(setup, ValueError) and "memory://tdu-secret/" in str(setup)
+    for error in (listing, opening):
+        assert isinstance(error, DataSourceError) and "RuntimeError" in str(error), error
+    for error in (setup, listing, opening):
+        _assert_no_secret(*_texts(error))

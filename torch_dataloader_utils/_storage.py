@@ -97,12 +97,16 @@ class Storage:
         try:
             fs, _ = fsspec.core.url_to_fs(url, **options)
         except (ValueError, TypeError) as exc:
-            raise ValueError(self.redact(f"cannot set up storage for {url}: {exc}")) from None
+            error: OSError | ValueError = ValueError(
+                self.redact(f"cannot set up storage for {url}: {exc}")
+            )
         except Exception as exc:  # the SDK's own types: ImportError, auth and network errors
             text = f"cannot set up storage for {url}: {cause(exc)}"
-            raise storage_error(text, exc, self.redact)  # noqa: B904 (cause set inside)
-        no_sdk_retries(fs)
-        return fs
+            error = storage_error(text, exc, self.redact)
+        else:
+            no_sdk_retries(fs)
+            return fs
+        raise error  # outside the handler: no __context__ holding a credential
 
     @property
     def fs(self) -> Any:
@@ -195,13 +199,14 @@ class Storage:
         try:
             return retry_call(fn, self.retry, what=self.redact(what), redact=self.redact)
         except _NothingThere as exc:
-            raise FileNotFoundError(self.redact(str(exc))) from None
+            error: OSError = FileNotFoundError(self.redact(str(exc)))
         except FileNotFoundError as exc:  # its text names no URL ("The specified bucket ...")
-            raise FileNotFoundError(self.redact(f"cannot {what}{at}: {cause(exc)}")) from None
+            text = f"cannot {what}{at}: {cause(exc)}"
+            error = storage_error(text, exc, self.redact, FileNotFoundError)
         except Exception as exc:
             how = tries(exc, self.retry, time.monotonic() - began)
-            text = f"cannot {what}{at} {how}: {cause(exc)}"
-            raise storage_error(text, exc, self.redact)  # noqa: B904 (cause set inside)
+            error = storage_error(f"cannot {what}{at} {how}: {cause(exc)}", exc, self.redact)
+        raise error  # outside the handler: no __context__ holding a credential
 
     def _list_item(self, item: str, extensions: tuple[str, ...]) -> list[FileEntry]:
         root = strip_protocol(self.fs, item)
