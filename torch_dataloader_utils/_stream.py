@@ -371,7 +371,8 @@ def _in_order(
     try:
         while pending:
             done = pending.popleft().result()
-            for run in itertools.islice(later, 1):
+            run = next(later, None)
+            if run is not None:
                 pending.append(pool.submit(fn, run))
             yield done
             del done  # taken: not held while the next run is awaited
@@ -390,7 +391,7 @@ def _read_window(
     ],
 ) -> Window:
     """The rows of a window's ``blocks`` in storage order; ``carried`` (updated): the parts
-    of the windows after it read so far; ``runs_map``: ``map``, or a thread pool's.
+    of the windows after it read so far; ``runs_map``: ``map``, or ``_in_order`` on a pool.
 
     Its blocks not carried from the windows before are read, with the ``later`` windows'
     parts of the units they slice not carried yet (nearest window first, while all that is
