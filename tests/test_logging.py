@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,3 +83,41 @@ def test_the_library_prints_nothing(tmp_path: Path, capfd: pytest.CaptureFixture
     assert sum(len(b["id"]) for b in loader) == 15  # 60 rows over 4 ranks, evened out
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+_UNCONFIGURED = """
+import logging, sys
+import torch_dataloader_utils
+from torch_dataloader_utils._retry import RetryPolicy, retry_call
+
+def flaky():
+    flaky.calls += 1
+    if flaky.calls % 2:
+        raise ConnectionResetError("peer reset")
+    return "ok"
+
+flaky.calls = 0
+policy = RetryPolicy(attempts=2, base_delay=0)
+print(retry_call(flaky, policy, what="reading s3://b/k"))
+print("-- logging configured --", file=sys.stderr, flush=True)
+logging.basicConfig(level=logging.WARNING)
+print(retry_call(flaky, policy, what="reading s3://b/k"))
+"""
+
+
+def test_records_reach_stderr_only_once_logging_is_configured() -> None:
+    # A fresh interpreter: Python's last-resort handler prints WARNINGs of a logger without
+    # handlers to stderr when nothing configured logging.
+    done = subprocess.run(
+        [sys.executable, "-c", _UNCONFIGURED],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "ok\nok\n"
+    before, _, after = done.stderr.partition("-- logging configured --\n")
+    assert before == ""
+    assert after.startswith(f"WARNING:{LOGGER}:reading s3://b/k failed (ConnectionResetError")
+    assert after.count("\n") == 1, after

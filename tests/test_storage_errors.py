@@ -15,19 +15,24 @@ status, a closed port, the emulators of ``_cloudservers``; DNS is answered by a 
 from __future__ import annotations
 
 import base64
+import errno
 import http.server
 import json
 import logging
+import os
 import socket
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, quote_plus
 
 import _harness
+import fsspec
+import pyarrow as pa
 import pytest
 from _cloudservers import (  # noqa: F401
     AZURITE_ACCOUNT,
@@ -45,6 +50,9 @@ from _s3server import s3_fixture, s3_server_fixture  # noqa: F401
 
 from torch_dataloader_utils import DataSourceError, StructuredDataset
 from torch_dataloader_utils._cli import main
+from torch_dataloader_utils._compat import strip_protocol
+from torch_dataloader_utils._retry import RetryPolicy, is_transient, retry_call
+from torch_dataloader_utils._storage import Storage
 
 # Credentials with the characters that encodings change.
 TOKEN = "ya29.a0SECRET/tok+en=%41z"
@@ -290,3 +298,184 @@ def test_epoch_under_transient_faults_equals_the_clean_epoch(
         faulty = _harness.run_epoch({**case, "storage_options": options, "shuffle": False})
     assert faulty == clean
     assert sum(proxy.faults.values()) >= 4, proxy.faults
+
+
+def _message(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+    """The message of the storage error ``fn(*args, **kwargs)`` raises."""
+    with pytest.raises((FileNotFoundError, DataSourceError)) as info:
+        fn(*args, **kwargs)
+    return str(info.value)
+
+
+def _read(storage: Storage, path: str) -> bytes:
+    return storage.remote(path).get(0, 8)
+
+
+@pytest.mark.parametrize("store", BACKENDS, indirect=True)
+def test_every_missing_thing_is_named_by_its_url(store: Store):
+    store.put_table("data/a.parquet", pa.table({"id": [1, 2]}))
+    storage = Storage(store.url(""), store.options)
+    missing = f"{store.scheme}://tdu-missing-{store.bucket}/train/"
+    for url in (missing, missing + "a.parquet", store.url("nope/"), store.url("nope.parquet")):
+        assert url in _message(StructuredDataset, url, storage_options=store.options)
+    for url in (missing + "a.parquet", store.url("data/b.parquet")):
+        path = strip_protocol(storage.fs, url)
+        assert url in _message(storage.remote, path), url
+        storage._sizes[path] = 8  # listed, then removed: the read names it
+        assert url in _message(_read, storage, path), url
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("answering", [403], indirect=True)
+def test_a_denied_open_or_read_names_the_url(backend: str, answering: _Answering):
+    storage = Storage(_URLS[backend], _secret_options(backend, answering.endpoint))
+    url = _URLS[backend] + "a.parquet"
+    path = strip_protocol(storage.fs, url)
+    opened = _message(storage.remote, path)
+    storage._sizes[path] = 8
+    read = _message(_read, storage, path)
+    assert url in opened and "access denied (403)" in opened, opened
+    assert url in read and "access denied (403)" in read, read
+
+
+def test_local_and_memory_errors_name_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    write_dataset(tmp_path / "data", (4,))
+    memory = f"memory://tdu-{uuid.uuid4().hex}"
+    for url in (str(tmp_path / "nope"), f"{memory}/train/", f"{memory}/a.parquet"):
+        assert url in _message(StructuredDataset, url)
+    storage = Storage(memory)
+    path = strip_protocol(storage.fs, f"{memory}/a.parquet")
+    assert f"cannot open memory://{path}" in _message(storage.remote, path)  # memory:///tdu-
+    missing = str(tmp_path / "data" / "gone.parquet")
+    assert missing in _message(Storage(missing).open, missing)
+
+    def denied(path: Any) -> Any:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "scandir", denied)
+    root = str(tmp_path / "data")
+    message = _message(StructuredDataset, root)
+    assert f"cannot list {root}" in message and "Permission denied" in message, message
+
+
+class _Status(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"status {status}")
+        self.status = status
+
+
+def _wrapping(outer: BaseException, inner: BaseException) -> BaseException:
+    outer.__cause__ = inner
+    return outer
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("invalid range for s3://bucket/timeout/file.parquet"),
+        OSError(errno.EINVAL, "Invalid argument", "s3://bucket/data/ 500 rows.parquet"),
+        RuntimeError("cannot read 'gs://bkt/connection reset/a.parquet'"),
+        _wrapping(RuntimeError("s3://bucket/timeout/a.parquet"), FileNotFoundError("gone")),
+        _wrapping(RuntimeError("s3://bucket/ 503/a.parquet"), PermissionError("denied")),
+        _wrapping(OSError("reading bkt/timeout/k timed out"), _Status(404)),
+    ],
+    ids=repr,
+)
+def test_a_path_in_a_permanent_error_is_not_read_as_transient(error: BaseException):
+    calls: list[int] = []
+
+    def failing() -> None:
+        calls.append(1)
+        raise error
+
+    with pytest.raises(type(error)):
+        retry_call(failing, RetryPolicy(attempts=5, base_delay=0))
+    assert calls == [1]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError("An error occurred (503) when calling the GetObject operation"),
+        RuntimeError("HTTP 500: s3://bucket/key"),
+        RuntimeError("500 Internal Server Error for url 'http://127.0.0.1:9/bkt/o'"),
+        ValueError("Read timed out. (read timeout=5) on s3://bucket/a.parquet"),
+        _wrapping(RuntimeError("s3://bucket/timeout/a.parquet"), _Status(503)),
+        _wrapping(FileNotFoundError("s3://b/k"), ConnectionResetError(104, "reset")),
+    ],
+    ids=repr,
+)
+def test_transient_errors_are_still_told_by_their_own_words(error: BaseException):
+    assert is_transient(error) == (not isinstance(error, FileNotFoundError))
+
+
+def _reachable(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and every exception reachable from it: causes, contexts, exceptions in args."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        link = todo.pop()
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        yield link
+        todo += [e for e in (link.__cause__, link.__context__) if e is not None]
+        todo += [a for a in link.args if isinstance(a, BaseException)]
+
+
+def _texts(error: BaseException) -> list[str]:
+    """str and repr of every reachable exception, its args and notes."""
+    return [
+        text
+        for link in _reachable(error)
+        for text in (str(link), repr(link), repr(link.args), *getattr(link, "__notes__", ()))
+    ]
+
+
+def _caught(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BaseException:
+    with pytest.raises(Exception) as info:
+        fn(*args, **kwargs)
+    return info.value
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("answering", [403], indirect=True)
+def test_no_secret_is_reachable_from_a_storage_error(backend: str, answering: _Answering):
+    # The server echoes each request's headers (credentials) into its error.
+    options = _secret_options(backend, answering.endpoint)
+    listing = _caught(StructuredDataset, _URLS[backend], storage_options=options)
+    storage = Storage(_URLS[backend], options)
+    path = strip_protocol(storage.fs, _URLS[backend] + "a.parquet")
+    opening = _caught(storage.remote, path)
+    storage._sizes[path] = 8
+    reading = _caught(_read, storage, path)
+    for error in (listing, opening, reading):
+        assert isinstance(error, DataSourceError), repr(error)
+        _assert_no_secret(*_texts(error))
+
+
+def test_no_secret_is_reachable_when_the_sdk_names_it(monkeypatch: pytest.MonkeyPatch):
+    options = {"token": TOKEN}
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError(f"token {TOKEN} is malformed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fsspec.core, "url_to_fs", refuse)
+        setup = _caught(Storage, "memory://tdu-secret/", options)
+    storage = Storage("memory://tdu-secret/", options)
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        error = RuntimeError("the listing failed")
+        error.add_note(f"Authorization: Bearer {TOKEN}")
+        raise error
+
+    monkeypatch.setattr(storage.fs, "find", fail)
+    monkeypatch.setattr(storage.fs, "size", fail)
+    listing = _caught(storage.list_files, "memory://tdu-secret/train/")
+    opening = _caught(storage.remote, "/tdu-secret/a.parquet")
+    assert isinstance(setup, ValueError) and "memory://tdu-secret/" in str(setup)
+    for error in (listing, opening):
+        assert isinstance(error, DataSourceError) and "RuntimeError" in str(error), error
+    for error in (setup, listing, opening):
+        _assert_no_secret(*_texts(error))

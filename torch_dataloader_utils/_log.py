@@ -1,4 +1,8 @@
-"""The library's logger, and how its messages name many things in one line."""
+"""The library's logger, and how its messages name many things in one line.
+
+The logger has a ``NullHandler``: its records reach only the handlers an application configures
+(Python's last-resort handler would print WARNINGs to stderr in a script that configured none).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from collections.abc import Sequence
 __all__ = ["log", "some_names"]
 
 log = logging.getLogger("torch_dataloader_utils")
+log.addHandler(logging.NullHandler())
 
 
 def some_names(names: Sequence[str], limit: int = 3) -> str:

@@ -28,9 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ._backends import cause, chain
+from ._backends import cause
 from ._errors import DataSourceError
 from ._retry import DEFAULT_RETRY, RetryPolicy, retry_call, tries
+from ._secrets import exception_texts
 
 __all__ = [
     "AHEAD_BYTES",
@@ -88,20 +89,26 @@ class RemoteObject:
         except Exception as exc:
             how = tries(exc, self._retry, time.monotonic() - began)
             text = f"cannot read {self.name} bytes [{start}, {stop}) {how}: {cause(exc)}"
-            raise storage_error(text, exc, self._redact)  # noqa: B904 (cause set inside)
+            error = storage_error(text, exc, self._redact)
+        raise error  # outside the handler: no __context__ (see storage_error)
 
 
-def storage_error(text: str, exc: BaseException, redact: Callable[[str], str]) -> DataSourceError:
-    """``DataSourceError(text)``, credentials scrubbed, with ``exc`` as its cause unless a
-    credential is in the text of ``exc`` or of an exception it was raised from."""
-    error = DataSourceError(redact(text))
-    error.__cause__ = None if _holds_secret(exc, redact) else exc
-    error.__suppress_context__ = True
+def storage_error(
+    text: str,
+    exc: BaseException,
+    redact: Callable[[str], str],
+    kind: type[OSError] = DataSourceError,
+) -> OSError:
+    """``kind(text)``, credentials scrubbed, with ``exc`` as its cause unless a credential is
+    in a text of ``exc`` or of any exception reachable from it (``exception_texts``).
+
+    Raise it outside the ``except`` block that caught ``exc``: raised inside, Python sets its
+    ``__context__`` to ``exc``, credentials included, whatever its cause says.
+    """
+    error = kind(redact(text))
+    held = any(redact(t) != t for t in exception_texts(exc))
+    error.__cause__ = None if held else exc
     return error
-
-
-def _holds_secret(exc: BaseException, redact: Callable[[str], str]) -> bool:
-    return any(redact(str(link)) != str(link) for link in chain(exc))
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,11 @@
 Transient: HTTP 5xx, throttling (``SlowDown``, ``Throttling``, 429), refused and reset
 connections, broken pipes, timeouts and truncated bodies, as botocore, aiohttp, gcsfs,
 google-auth and azure-core raise them. Everything else (missing object, 401/403, a host name
-that does not resolve, a bad range) fails at once. This is the only layer that retries: the
-SDKs' own retries are switched off (``_compat.no_sdk_retries``).
+that does not resolve, a bad range) fails at once. An error is told by its type, errno and HTTP
+status first (the first exception of its chain that has one decides); only when none has, by
+words of its own text, the paths and URLs it names left out (``s3://b/timeout/x`` is no
+timeout). This is the only layer that retries: the SDKs' own retries are switched off
+(``_compat.no_sdk_retries``).
 
 Time bound: ``attempts`` tries, and no new try once ``deadline`` seconds have passed since the
 first, so one call gives up after at most ``deadline`` plus one try's own timeout (the SDK's
@@ -19,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -83,15 +87,12 @@ _TRANSIENT_WORDS = (
     "endpointconnectionerror",
     "could not connect",
     "responseparsererror",
-    " 500",
-    " 502",
-    " 503",
-    " 504",
-    "(500)",
-    "(502)",
-    "(503)",
-    "(504)",
+    "internal server error",
 )
+# A 5xx status in a message: "(503)" (botocore), "HTTP 500", "status code: 502".
+_STATUS_TEXT = re.compile(r"\(50[0234]\)|\b(?:http|status|code)\W*(?:code\W*)?50[0234]\b")
+# What a message names rather than says: quoted strings and anything with a "/" (paths, URLs).
+_NAMES = re.compile(r"'[^']*'|\"[^\"]*\"|\S*/\S*")
 # Exception classes (by name) of the SDKs that mean a request failed on its way or mid-answer.
 _TRANSIENT_TYPES = frozenset(
     {
@@ -152,19 +153,25 @@ def policy_from_env() -> RetryPolicy:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) is worth retrying."""
-    for link in chain(exc):
+    """Whether ``exc`` (or an exception it was raised from) is worth retrying: decided by the
+    first exception of the chain whose type, errno or HTTP status says, else by the words of
+    their own texts (never by a path they name). ``exc`` itself a ``FileNotFoundError``,
+    ``PermissionError``, ... is never retried, whatever it was raised from."""
+    links = list(chain(exc))
+    if isinstance(exc, _PERMANENT_TYPES):
+        return False
+    for link in links:
         if isinstance(link, socket.gaierror) and link.errno == socket.EAI_NONAME:
             return False  # a host name that does not exist (botocore calls it a connect error)
-    for link in chain(exc):
-        if _transient_here(link):
-            return True
-        if isinstance(link, _PERMANENT_TYPES):
-            return False
-    return False
+    for link in links:
+        known = _by_structure(link)
+        if known is not None:
+            return known
+    return any(_by_words(link) for link in links)
 
 
-def _transient_here(exc: BaseException) -> bool:
+def _by_structure(exc: BaseException) -> bool | None:
+    """Transient or not by type, errno and HTTP status; ``None`` when none of them says."""
     if isinstance(exc, _PERMANENT_TYPES):
         return False
     if isinstance(exc, (TimeoutError, socket.timeout, ConnectionError)):
@@ -176,8 +183,15 @@ def _transient_here(exc: BaseException) -> bool:
     status = http_status(exc)
     if status is not None:
         return status >= 500 or status in (408, 429)
-    text = f"{type(exc).__name__} {exc}".lower()
-    return any(word in text for word in _TRANSIENT_WORDS)
+    return None
+
+
+def _by_words(exc: BaseException) -> bool:
+    """Whether the class name or the message of ``exc``, without the names (paths, URLs,
+    quoted strings) it holds, says transient."""
+    own = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    text = f"{type(exc).__name__} {_NAMES.sub(' ', own)}".lower()
+    return any(word in text for word in _TRANSIENT_WORDS) or bool(_STATUS_TEXT.search(text))
 
 
 def retry_call(

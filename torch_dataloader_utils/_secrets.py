@@ -9,19 +9,20 @@ a URL (``scheme://user:password@host``) and the values of a URL query that name 
 
 A secret is replaced by ``***`` in each spelling in which an SDK or a URL carries it: as it is,
 percent-encoded (``/`` kept or not, upper- or lower-case hex, ``+`` for spaces) and in base64
-(standard and URL-safe, with or without padding).
+(standard and URL-safe, with or without padding). ``exception_texts`` is every text an exception
+carries, to tell whether one may be chained to an error of ours.
 """
 
 from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote, urlsplit
 
-__all__ = ["Redactor", "secret_values", "url_secrets"]
+__all__ = ["Redactor", "exception_texts", "secret_values", "url_secrets"]
 
 # storage_options keys (at any depth) whose values are credentials.
 _SECRET_WORDS = (
@@ -76,6 +77,22 @@ class Redactor:
     def plus(self, secrets: Iterable[str]) -> Redactor:
         """This redactor with ``secrets`` added."""
         return Redactor(_longest_first({*self.secrets, *secrets}))
+
+
+def exception_texts(exc: BaseException) -> Iterator[str]:
+    """``str``, ``repr`` and notes of ``exc`` and of every exception reachable from it (causes,
+    contexts, exceptions among the args, members of a group), each once."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        link = todo.pop()
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        yield from (str(link), repr(link), *map(str, getattr(link, "__notes__", ())))
+        todo += [e for e in (link.__cause__, link.__context__) if e is not None]
+        todo += [a for a in link.args if isinstance(a, BaseException)]
+        todo += getattr(link, "exceptions", ())
 
 
 def _is_secret_key(key: str) -> bool:

@@ -10,11 +10,12 @@ what to fetch ahead is the stream reader's business (``_stream``).
 passwords, connection strings, in every encoding: ``_secrets``) and the credentials in URLs are
 scrubbed from every message and log line this module produces.
 
-Errors: only a listing that succeeded and found nothing raises ``FileNotFoundError``. Any
-other failure of a listing or a read (401/403, a refused connection, a timeout, a host name
-that does not resolve, whatever exception the SDK raises) is a ``DataSourceError`` naming the
-URL, the endpoint and the cause, the SDK's exception chained as ``__cause__``; transient ones
-are retried first, by ``_retry`` alone (the SDK's own retries are switched off).
+Errors: a store that answered "not there" to a listing or a lookup (nothing under a path, no
+such bucket, container or object) raises ``FileNotFoundError`` naming the URL. Any other failure
+of a listing or a read (401/403, a refused connection, a timeout, a host name that does not
+resolve, whatever exception the SDK raises) is a ``DataSourceError`` naming the URL, the
+endpoint and the cause, the SDK's exception chained as ``__cause__``; transient ones are
+retried first, by ``_retry`` alone (the SDK's own retries are switched off).
 """
 
 from __future__ import annotations
@@ -96,12 +97,16 @@ class Storage:
         try:
             fs, _ = fsspec.core.url_to_fs(url, **options)
         except (ValueError, TypeError) as exc:
-            raise ValueError(self.redact(f"cannot set up storage for {url}: {exc}")) from None
+            error: OSError | ValueError = ValueError(
+                self.redact(f"cannot set up storage for {url}: {exc}")
+            )
         except Exception as exc:  # the SDK's own types: ImportError, auth and network errors
             text = f"cannot set up storage for {url}: {cause(exc)}"
-            raise storage_error(text, exc, self.redact)  # noqa: B904 (cause set inside)
-        no_sdk_retries(fs)
-        return fs
+            error = storage_error(text, exc, self.redact)
+        else:
+            no_sdk_retries(fs)
+            return fs
+        raise error  # outside the handler: no __context__ holding a credential
 
     @property
     def fs(self) -> Any:
@@ -187,18 +192,21 @@ class Storage:
 
     def _call(self, fn: Callable[[], T], what: str) -> T:
         """``fn()`` with retries. A ``FileNotFoundError`` of our own (a listing that found
-        nothing) passes; every other failure becomes a ``DataSourceError`` naming ``what``,
-        the endpoint and the cause."""
+        nothing) passes; the SDK's (a missing bucket, container or object) and every other
+        failure (a ``DataSourceError``) name ``what``, the endpoint and the cause."""
         began = time.monotonic()
+        at = f" at {self.endpoint}" if self.endpoint else ""
         try:
             return retry_call(fn, self.retry, what=self.redact(what), redact=self.redact)
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(self.redact(str(exc))) from None
+        except _NothingThere as exc:
+            error: OSError = FileNotFoundError(self.redact(str(exc)))
+        except FileNotFoundError as exc:  # its text names no URL ("The specified bucket ...")
+            text = f"cannot {what}{at}: {cause(exc)}"
+            error = storage_error(text, exc, self.redact, FileNotFoundError)
         except Exception as exc:
-            at = f" at {self.endpoint}" if self.endpoint else ""
             how = tries(exc, self.retry, time.monotonic() - began)
-            text = f"cannot {what}{at} {how}: {cause(exc)}"
-            raise storage_error(text, exc, self.redact)  # noqa: B904 (cause set inside)
+            error = storage_error(f"cannot {what}{at} {how}: {cause(exc)}", exc, self.redact)
+        raise error  # outside the handler: no __context__ holding a credential
 
     def _list_item(self, item: str, extensions: tuple[str, ...]) -> list[FileEntry]:
         root = strip_protocol(self.fs, item)
@@ -211,7 +219,7 @@ class Storage:
             return _some(_by_extension(found, extensions, item, root), item)
         info = self._info(root)
         if info is None:
-            raise FileNotFoundError(f"no such file, directory or prefix: {item}")
+            raise _NothingThere(f"no such file, directory or prefix: {item}")
         if info.get("type") == "directory":
             return _some([], item)
         return [_entry(root, info)]
@@ -244,11 +252,15 @@ class Storage:
         return [_entry(p, found[p]) for p in below]
 
 
+class _NothingThere(FileNotFoundError):
+    """A listing that succeeded and found nothing (its message names the path)."""
+
+
 def _some(entries: list[FileEntry], item: str) -> list[FileEntry]:
     """``entries``, or ``FileNotFoundError`` when the listing found none."""
     if not entries:
         hint = "names starting with '.' or '_' are ignored"
-        raise FileNotFoundError(f"no data files under {item} ({hint})")
+        raise _NothingThere(f"no data files under {item} ({hint})")
     return entries
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol, TypeAlias
 
 import numpy as np
@@ -343,7 +345,9 @@ def _read_windows(
         for number in range(first, len(order.ends)):
             blocks, begin, key = order.window(number)
             later = (order.window(n)[0] for n in range(number + 1, len(order.ends)))
-            runs_map = pool.map if pool is not None and waited.is_set() else map
+            runs_map = (
+                partial(_in_order, pool, threads) if pool is not None and waited.is_set() else map
+            )
             waited.clear()
             window = _read_window(source, blocks, later, carried, runs_map)
             yield window, permutation(window.num_rows, key), begin
@@ -351,6 +355,30 @@ def _read_windows(
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)  # after an error, the runs not begun are not read
+
+
+def _in_order(
+    pool: ThreadPoolExecutor,
+    ahead: int,
+    fn: Callable[[int], list[pa.RecordBatch]],
+    runs: range,
+) -> Iterator[list[pa.RecordBatch]]:
+    """``fn(run)`` of each of ``runs`` in order, computed by ``pool``: at most ``ahead`` runs
+    submitted beyond the one the consumer holds (``pool.map`` would submit them all, and runs
+    decoded behind a slow one would pile up, the window's rows held twice)."""
+    later = iter(runs)
+    pending = deque(pool.submit(fn, run) for run in itertools.islice(later, ahead))
+    try:
+        while pending:
+            done = pending.popleft().result()
+            run = next(later, None)
+            if run is not None:
+                pending.append(pool.submit(fn, run))
+            yield done
+            del done  # taken: not held while the next run is awaited
+    finally:
+        for future in pending:
+            future.cancel()
 
 
 def _read_window(
@@ -363,7 +391,7 @@ def _read_window(
     ],
 ) -> Window:
     """The rows of a window's ``blocks`` in storage order; ``carried`` (updated): the parts
-    of the windows after it read so far; ``runs_map``: ``map``, or a thread pool's.
+    of the windows after it read so far; ``runs_map``: ``map``, or ``_in_order`` on a pool.
 
     Its blocks not carried from the windows before are read, with the ``later`` windows'
     parts of the units they slice not carried yet (nearest window first, while all that is
