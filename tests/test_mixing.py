@@ -600,9 +600,8 @@ def test_a_packed_mixture_needs_its_epoch_size_and_its_epochs_in_order(tmp_path:
         paths, weights={"a": 1, "b": 1}, packing=packing, epoch_size=10, batch_size=2
     )
     assert len(loader) == 5
-    ds.set_epoch(3)
     with pytest.raises(ValueError, match="epoch 3 continues each source where the epoch before"):
-        next(iter(loader))
+        ds.set_epoch(3)
 
 
 def test_a_packed_mixture_state_is_builtins_only(tmp_path: Path) -> None:

@@ -179,7 +179,7 @@ def _load_elastic(
     )
     workers = max(1, num_workers)
     deal = Deal(Pieces.of([(0, 0, remaining)]), mix.world_size, workers, mix.even_batches)
-    lengths = deal.shares_of(mix.rank * workers, workers)
+    lengths = mix.whole_batches(deal.shares_of(mix.rank * workers, workers))
     segment = Segment(first["epoch"], (), {}, tuple(int(n) for n in lengths))
     log.info(
         "mixture %s: elastic resume of epoch %d from %d x %d streams to %d x %d: %d positions "
