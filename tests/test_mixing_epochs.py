@@ -336,3 +336,41 @@ def test_the_documented_period_is_what_the_loader_delivers(tmp_path: Path) -> No
     )
     delivered = [names[s] for s in next(iter(loader))["source"].tolist()]
     assert " ".join(delivered) == found.group(1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_change_at_the_end_of_an_epoch_keeps_it_ended(tmp_path: Path, workers: int) -> None:
+    """A source added at a checkpoint after an epoch's last batch (``epoch_size`` at its
+    default: the epoch grows): the epoch stays ended, and the next one reads every source on
+    from where it stood (before, the positions the epoch grew by were skipped, their rows with
+    them)."""
+    paths = {
+        "a": write_source(tmp_path, "a", 0, 60),
+        "b": write_source(tmp_path, "b", 1, 40),
+        "c": write_source(tmp_path, "c", 2, 40),
+    }
+    kwargs = {"batch_size": 10, "num_workers": workers}
+    two = {"a": paths["a"], "b": paths["b"]}
+    loader, _ = StructuredDataset.create_dataloader(two, weights={"a": 1, "b": 1}, **kwargs)
+    before = ids_of(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader, ds = StructuredDataset.create_dataloader(
+        paths, weights={"a": 1, "b": 1, "c": 1}, **kwargs
+    )
+    loader.load_state_dict(state, reweight=True)
+    assert len(loader) == len(before) and ids_of(loader) == []
+    again, _ = StructuredDataset.create_dataloader(
+        paths, weights={"a": 1, "b": 1, "c": 1}, **kwargs
+    )
+    again.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    assert ids_of(again) == []
+    later = []
+    for epoch in (1, 2):
+        ds.set_epoch(epoch)
+        later += ids_of(loader)
+    streams = max(1, workers)
+    whole = [
+        joined([*mine, *rest])
+        for mine, rest in zip(per_stream(before, streams), per_stream(later, streams), strict=True)
+    ]
+    assert_each_source_epoch_once(whole, [60, 40, 40])

@@ -79,8 +79,10 @@ def _load(
             f"state key 'streams' holds {len(state['streams'])} positions for "
             f"{max(1, workers)} worker stream(s): the state is corrupted"
         )
+    changed = stored.segment.positions
     for worker, length in enumerate(stored.segment.lengths):
-        if length > then.length(worker) + 1:  # a rest dealt anew is at most an epoch's share
+        # a rest dealt anew is at most an epoch's share; a changed epoch, what was read then
+        if length > max(then.length(worker), changed[worker] if changed else 0) + 1:
             raise InvalidStateError(
                 f"state key '_mixture.segment' gives worker {worker} {length} positions in "
                 f"epoch {stored.segment.epoch}, more than an epoch's {then.length(worker)}: the "
@@ -245,6 +247,24 @@ def _described(timeline: Timeline) -> str:
     return text + (f", policies {timeline.policies}" if timeline.policies else "")
 
 
+def _lengths_on(then: MixedProgress, current: Timeline, workers: int) -> tuple[int, ...]:
+    """Positions of the epoch in progress under ``current`` per stream (``()``: the new
+    epoch's, or the position, if later): an epoch an elastic resume dealt keeps its length; a
+    stream that had ended its epoch ends it there."""
+    before = then.mix.timeline.segment
+    if then.epoch == before.epoch and before.lengths:
+        return before.lengths
+    streams = range(max(1, workers))
+    ended = [then.positions[w] >= then.total(w) for w in streams]
+    if not any(ended):
+        return ()
+    lengths = then.mix.following(current).epoch_lengths(workers)
+    return tuple(
+        int(then.positions[w] if ended[w] else max(lengths[then.stream(w)], then.positions[w]))
+        for w in streams
+    )
+
+
 def _reweighted(then: MixedProgress, current: Timeline, workers: int) -> Timeline:
     """``current`` counting on from where the streams of ``then`` stood."""
     streams = max(1, workers)
@@ -264,13 +284,11 @@ def _reweighted(then: MixedProgress, current: Timeline, workers: int) -> Timelin
         )
     counts = [then.counts(w, then.positions[w]).tolist() for w in range(streams)]
     old = then.mix.names
-    before = then.mix.timeline.segment
     segment = Segment(
         epoch=then.epoch,
         positions=tuple(then.positions[w] for w in range(streams)),
         counts={n: tuple(c[old.index(n)] for c in counts) for n in current.names if n in old},
-        # the epoch an elastic resume dealt keeps its length
-        lengths=before.lengths if then.epoch == before.epoch else (),
+        lengths=_lengths_on(then, current, workers),
     )
     removed = [n for n in old if n not in current.names]
     added = [n for n in current.names if n not in old]
