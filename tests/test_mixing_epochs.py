@@ -374,3 +374,26 @@ def test_a_change_at_the_end_of_an_epoch_keeps_it_ended(tmp_path: Path, workers:
         for mine, rest in zip(per_stream(before, streams), per_stream(later, streams), strict=True)
     ]
     assert_each_source_epoch_once(whole, [60, 40, 40])
+
+
+def test_an_elastic_rest_changed_into_a_shorter_epoch_loads(tmp_path: Path) -> None:
+    """An elastic resume's rest (135 positions), then a change to ``epoch_size=50``: the rest
+    goes on to the new epoch's end, and the loader's state loads (before: refused, "gives
+    worker 0 135 positions in epoch 0, more than an epoch's 50")."""
+    paths = {"a": write_source(tmp_path, "a", 0, 100), "b": write_source(tmp_path, "b", 1, 70)}
+    kwargs = {"weights": {"a": 3, "b": 2}, "batch_size": 5}
+    loader, _ = StructuredDataset.create_dataloader(paths, num_workers=1, **kwargs)
+    _, state = saved_after(loader, 7)
+    loader, _ = StructuredDataset.create_dataloader(paths, **kwargs)
+    loader.load_state_dict([state], elastic=True)
+    dealt = json.loads(json.dumps(loader.state_dict()))
+    assert dealt["_mixture"]["segment"][3] == [135]
+    loader, ds = StructuredDataset.create_dataloader(paths, epoch_size=50, **kwargs)
+    loader.load_state_dict(dealt, reweight=True)
+    saved = json.loads(json.dumps(loader.state_dict()))
+    assert len(ids_of(loader)) == len(loader) == 10
+    again, _ = StructuredDataset.create_dataloader(paths, epoch_size=50, **kwargs)
+    again.load_state_dict(saved)
+    assert len(ids_of(again)) == 10
+    ds.set_epoch(1)
+    assert len(ids_of(loader)) == 10

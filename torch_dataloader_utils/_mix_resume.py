@@ -249,20 +249,21 @@ def _described(timeline: Timeline) -> str:
 
 def _lengths_on(then: MixedProgress, current: Timeline, workers: int) -> tuple[int, ...]:
     """Positions of the epoch in progress under ``current`` per stream (``()``: the new
-    epoch's, or the position, if later): an epoch an elastic resume dealt keeps its length; a
-    stream that had ended its epoch ends it there."""
+    epoch's, or the position if later): a stream that had ended its epoch ends it there; the
+    rest an elastic resume dealt goes on at most to the new epoch's end."""
     before = then.mix.timeline.segment
-    if then.epoch == before.epoch and before.lengths:
-        return before.lengths
+    dealt = before.lengths if then.epoch == before.epoch else ()
     streams = range(max(1, workers))
     ended = [then.positions[w] >= then.total(w) for w in streams]
-    if not any(ended):
+    if not dealt and not any(ended):
         return ()
     lengths = then.mix.following(current).epoch_lengths(workers)
-    return tuple(
-        int(then.positions[w] if ended[w] else max(lengths[then.stream(w)], then.positions[w]))
-        for w in streams
-    )
+    out = []
+    for w in streams:
+        end = int(lengths[then.stream(w)])
+        end = min(end, dealt[w]) if dealt else end
+        out.append(int(then.positions[w] if ended[w] else max(end, then.positions[w])))
+    return tuple(out)
 
 
 def _reweighted(then: MixedProgress, current: Timeline, workers: int) -> Timeline:
