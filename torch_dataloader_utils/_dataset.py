@@ -321,7 +321,11 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         return self._start.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` afresh (its own permutation); discards any progress or loaded state."""
+        """Start ``epoch`` afresh (its own permutation); discards any progress or loaded state.
+
+        A packed mixture's epoch after the first continues each source where the epoch before
+        it ended, or starts again where it began, as far as this process knows either (a
+        ``ValueError`` otherwise: load the state saved at the end of the epoch before)."""
         epoch = whole("epoch", epoch, at_least=0)  # -1 means "a resume" to persistent workers
         start = self._carried(epoch)
         packed_mixture = (

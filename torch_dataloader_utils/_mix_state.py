@@ -8,7 +8,10 @@ A mixture's state is plain JSON-safe builtins::
     _mixture     {"weights": {name: int}, "epoch_size": int,
                   "policies": {name: [max_epochs, "stop" | "renormalize"]} (limited sources),
                   "schedule_block": int (0: the period in order), "schedule_seed": int,
-                  "segment": [epoch, [position per worker], {name: [rows read per worker]}]}
+                  "segment": [epoch, [position per worker], {name: [rows read per worker]},
+                              [positions of that epoch per worker]: an elastic resume's
+                              rest, or the epoch in progress when the mixture changed
+                              ([]: an epoch's, or the position if later)]}
     streams      positions handed out in the epoch, one per worker stream of this rank
     cursor                              int      the worker whose batch comes next
     sources      {name: the state of that source as a dataset of its own (files, settings,
