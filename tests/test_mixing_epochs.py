@@ -12,15 +12,20 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_mixing import (
     _SPAN,
     assert_each_source_epoch_once,
     documents_started,
+    stream_batches,
     write_documents,
     write_source,
 )
 
 from torch_dataloader_utils import StructuredDataset, TokenPacking
+from torch_dataloader_utils._epoch import Start
+from torch_dataloader_utils._mix_state import encode_mixture
 
 _DOCS = Path(__file__).resolve().parents[1] / "docs" / "mixing.md"
 
@@ -398,3 +403,58 @@ def test_an_elastic_rest_changed_into_a_shorter_epoch_loads(tmp_path: Path) -> N
     assert len(ids_of(again)) == 10
     ds.set_epoch(1)
     assert len(ids_of(loader)) == 10
+
+
+@given(
+    before=st.lists(st.integers(1, 5), min_size=2, max_size=2),
+    after=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    sizes=st.tuples(st.sampled_from([None, 40, 90]), st.sampled_from([None, 20, 60, 130])),
+    stop=st.integers(0, 30),
+    workers=st.integers(0, 2),
+)
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_a_change_of_epoch_size_loses_and_repeats_nothing(
+    tmp_path_factory: pytest.TempPathFactory,
+    before: list[int],
+    after: list[int],
+    sizes: tuple[int | None, int | None],
+    stop: int,
+    workers: int,
+) -> None:
+    """Weights, sources and ``epoch_size`` changed at any batch (the new epoch shorter or
+    longer than what was read): the state after the change loads, and the rest of the epoch
+    then the next two read every source on where it stood, each row once per source epoch."""
+    root = tmp_path_factory.mktemp("mix")
+    rows = [50, 30, 20]
+    paths = {f"s{i}": write_source(root, f"s{i}", i, n) for i, n in enumerate(rows)}
+    two = {k: paths[k] for k in ("s0", "s1")}
+    old = StructuredDataset(two, weights=dict(zip(two, before, strict=True)), batch_size=5,
+                            epoch_size=sizes[0])  # fmt: skip
+    progress = old._epochs.begin(Start.fresh(0), workers)
+    readers = [old._reader(progress, w).batches() for w in range(max(1, workers))]
+    first: list[list[np.ndarray]] = [[] for _ in readers]
+    for step in range(stop):  # round robin, as the loader hands batches out
+        w = step % len(readers)
+        batch, position = next(readers[w], (None, None))
+        if batch is None:
+            break
+        first[w].append(np.asarray(batch["id"]))
+        progress.record(w, position, (w + 1) % len(readers))
+    state = json.loads(json.dumps(encode_mixture(old._epochs, progress)))
+    names = list(paths)[: len(after)]
+    kwargs = {"weights": dict(zip(names, after, strict=True)), "batch_size": 5,
+              "epoch_size": sizes[1]}  # fmt: skip
+    new = StructuredDataset({n: paths[n] for n in names}, **kwargs)
+    new.load_state_dict(state, reweight=True)
+    rest = new._epochs.begin(new._start, workers)
+    saved = json.loads(json.dumps(encode_mixture(rest.mix, rest)))
+    StructuredDataset({n: paths[n] for n in names}, **kwargs).load_state_dict(saved)
+    per_stream = []
+    for w in range(max(1, workers)):
+        later = [np.asarray(b["id"]) for b, _ in new._reader(rest, w).batches()]
+        for epoch in (1, 2):
+            later += stream_batches(new, epoch, workers)[w]
+        per_stream.append(joined([*first[w], *later]))
+    assert_each_source_epoch_once(per_stream, rows)
