@@ -18,13 +18,13 @@ from test_mixing import (
     _SPAN,
     assert_each_source_epoch_once,
     documents_started,
+    state_after,
     stream_batches,
     write_documents,
     write_source,
 )
 
 from torch_dataloader_utils import StructuredDataset, TokenPacking
-from torch_dataloader_utils._epoch import Start
 from torch_dataloader_utils._mix_state import encode_mixture
 
 _DOCS = Path(__file__).resolve().parents[1] / "docs" / "mixing.md"
@@ -432,17 +432,7 @@ def test_a_change_of_epoch_size_loses_and_repeats_nothing(
     two = {k: paths[k] for k in ("s0", "s1")}
     old = StructuredDataset(two, weights=dict(zip(two, before, strict=True)), batch_size=5,
                             epoch_size=sizes[0])  # fmt: skip
-    progress = old._epochs.begin(Start.fresh(0), workers)
-    readers = [old._reader(progress, w).batches() for w in range(max(1, workers))]
-    first: list[list[np.ndarray]] = [[] for _ in readers]
-    for step in range(stop):  # round robin, as the loader hands batches out
-        w = step % len(readers)
-        batch, position = next(readers[w], (None, None))
-        if batch is None:
-            break
-        first[w].append(np.asarray(batch["id"]))
-        progress.record(w, position, (w + 1) % len(readers))
-    state = json.loads(json.dumps(encode_mixture(old._epochs, progress)))
+    first, state = state_after(old, workers, stop)
     names = list(paths)[: len(after)]
     kwargs = {"weights": dict(zip(names, after, strict=True)), "batch_size": 5,
               "epoch_size": sizes[1]}  # fmt: skip
