@@ -82,11 +82,12 @@ def _load(
     changed = stored.segment.positions
     for worker, length in enumerate(stored.segment.lengths):
         # a rest dealt anew is at most an epoch's share; a changed epoch, what was read then
-        if length > max(then.length(worker), changed[worker] if changed else 0) + 1:
+        read = changed[worker] if changed else 0
+        if length > max(then.length(worker), read) + 1:
             raise InvalidStateError(
                 f"state key '_mixture.segment' gives worker {worker} {length} positions in "
-                f"epoch {stored.segment.epoch}, more than an epoch's {then.length(worker)}: the "
-                f"state is corrupted"
+                f"epoch {stored.segment.epoch}, more than an epoch's {then.length(worker)} and "
+                f"the {read} read when the mixture changed: the state is corrupted"
             )
     for worker, position in then.positions.items():
         if position > then.total(worker):
