@@ -33,6 +33,7 @@ from ._index import DatasetIndex, build_index
 from ._loader import StructuredDataLoader
 from ._log import log
 from ._mix_epochs import (
+    NO_CARRY,
     AnyProgress,
     MixedEpochs,
     MixedProgress,
@@ -333,8 +334,18 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         return self._start.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` afresh (its own permutation); discards any progress or loaded state."""
+        """Start ``epoch`` afresh (its own permutation); discards any progress or loaded state.
+
+        A packed mixture's epoch after the first continues each source where the epoch before
+        it ended, or starts again where it began, as far as this process knows either (a
+        ``ValueError`` otherwise: load the state saved at the end of the epoch before)."""
         epoch = whole("epoch", epoch, at_least=0)  # -1 means "a resume" to persistent workers
+        start = self._carried(epoch)
+        packed_mixture = (
+            isinstance(self._epochs, MixedEpochs) and self._epochs.config.packing is not None
+        )
+        if start is None and epoch and packed_mixture:  # where its sources stand is unknown
+            raise ValueError(NO_CARRY.format(epoch=epoch))
         if self._resumed and epoch == self.epoch:
             warnings.warn(
                 f"set_epoch({epoch}) after load_state_dict discards the checkpoint's progress in "
@@ -342,20 +353,24 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 f"for the epochs after the resumed one.",
                 stacklevel=2,
             )
-        self._start = self._carried(epoch) or Start.fresh(epoch)
+        self._start = start or Start.fresh(epoch)
         self._progress = None
         self._resumed = False
 
     def _carried(self, epoch: int) -> Start | None:
         """A packed mixture's ``epoch`` continuing each source where the epoch before it
-        stands (iterated here, or loaded); ``None`` otherwise."""
+        stands (iterated here, or loaded), or again from where it began; ``None`` otherwise."""
         if not isinstance(self._epochs, MixedEpochs) or self._epochs.config.packing is None:
             return None
-        before: Sequence[object] | None = self._start.positions
+        start = self._start
+        before: Sequence[object] | None = start.positions
         if isinstance(self._progress, MixedProgress) and self._progress.epoch == epoch - 1:
             workers = max(1, self._progress.num_workers)
             before = [self._progress.positions.get(w) for w in range(workers)]
-        elif self._start.epoch != epoch - 1:
+        elif start.epoch == epoch and start.positions and all(p == 0 for p in start.positions):
+            # its beginning (of this timeline's, not an elastic resume's rest)
+            return start if self._epochs.timeline.begins(epoch) else None
+        elif start.epoch != epoch - 1:
             return None
         if before is None or not all(isinstance(p, MixPosition) for p in before):
             return None
@@ -373,7 +388,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         if start.checkpoint_workers is not None:
             workers = start.checkpoint_workers
         if isinstance(self._epochs, MixedEpochs):
-            return encode_mixture(self._epochs, self._epochs.begin(start, workers or 0))
+            progress = self._epochs.begin(start, workers or 0)
+            return encode_mixture(progress.mix, progress)
         return self._epochs.encode_start(start, workers or 0)
 
     def load_state_dict(
@@ -483,7 +499,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         start = iteration.start
         if iteration.slots is not None and (epoch := iteration.slots.fresh_epoch()) is not None:
             start = Start.fresh(epoch)  # persistent worker
-        progress = self._epochs.begin(start, worker[1], workers=[worker[0]])
+        progress = self._begin(start, worker[1], workers=[worker[0]])
         if iteration.slots is not None:
             return self._reader(progress, worker[0]).packets(iteration.slots, worker[0])
         self._progress = progress
@@ -535,7 +551,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         Validates the start for ``num_workers`` and logs what even_batches leaves out; after
         the block, later iterations start the epoch afresh unless a state is loaded again.
         """
-        progress = self._epochs.begin(self._start, num_workers)
+        progress = self._begin(self._start, num_workers)
         _log_start(progress)
         self._progress = progress
         self._handoff = Iteration(self._start, slots)
@@ -543,8 +559,20 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             yield progress
         finally:
             self._handoff = None
-            self._start = Start.fresh(self.epoch)
+            self._start = self._carried(self.epoch) or Start.fresh(self.epoch)
             self._resumed = False
+
+    def _begin(
+        self, start: Start, num_workers: int, workers: Sequence[int] | None = None
+    ) -> AnyProgress:
+        """The progress of an iteration from ``start``. A mixture that restarts an epoch a
+        loaded state changed mid-way is the mixture as built from then on (its next epochs
+        too, so that a state saved in it resumes exactly): in the main process and in every
+        worker's copy alike, each of which begins the same iterations."""
+        progress = self._epochs.begin(start, num_workers, workers)
+        if isinstance(progress, MixedProgress):
+            self._epochs = progress.mix
+        return progress
 
     def _deliver(self, worker: int, progress: AnyProgress, read_ahead: int = 0) -> Iterator[Any]:
         """Batches of one stream, recording each position before handing the batch out."""

@@ -39,6 +39,7 @@ from ._schedule import Interleave, Schedule
 from ._state import StreamEntry, check_setting, encode_stream
 
 __all__ = [
+    "NO_CARRY",
     "AnyProgress",
     "MixPosition",
     "MixedEpochs",
@@ -51,12 +52,13 @@ __all__ = [
 ]
 
 # A packed mixture's sources stand where the tokens read put them: known by reading, not by
-# arithmetic, so an epoch continues from the one before.
-_NO_CARRY = (
+# arithmetic, so an epoch continues from the one before (or restarts from its beginning, when
+# this process knows it).
+NO_CARRY = (
     "a packed mixture's epoch {epoch} continues each source where the epoch before it ended "
     "(how far a source got depends on its tokens), so it starts from the state saved at the "
-    "end of that epoch, or after iterating it in this process: load that state, or begin at "
-    "epoch 0"
+    "end of that epoch, or after iterating it in this process (and starts again where it "
+    "began in this process): load that state, or begin at epoch 0"
 )
 
 # Stream orders a mixture keeps: a few per source and stream (its epoch and the next).
@@ -169,8 +171,21 @@ class Timeline:
         return offset
 
     def first_length(self, length: int, worker: int) -> int:
-        """Positions of the segment's epoch for stream ``worker``."""
-        return self.segment.lengths[worker] if self.segment.lengths else length
+        """Positions of the segment's epoch for stream ``worker``: what an elastic resume
+        dealt of it, or an epoch's, but never fewer than the stream had read when the mixture
+        changed (a shorter epoch ends where the stream stood)."""
+        segment = self.segment
+        if segment.lengths:
+            return segment.lengths[worker]
+        return max(length, segment.positions[worker] if segment.positions else 0)
+
+    def begins(self, epoch: int) -> bool:
+        """Whether epoch ``epoch`` runs under this timeline from its first position: an epoch
+        after the segment's, or the segment's when it took over at that epoch's start."""
+        segment = self.segment
+        if epoch != segment.epoch:
+            return epoch > segment.epoch
+        return not any(segment.positions) and not segment.lengths
 
     def phases(self, worker: int, shares: tuple[int, ...]) -> tuple[Phase, ...]:
         """Stream ``worker``'s phases; ``shares``: its rows of one epoch of each source."""
@@ -350,7 +365,16 @@ class MixedEpochs:
         """Positions of a mixture epoch, per stream of the job: ``epoch_size`` dealt."""
         workers = max(1, num_workers)
         rows = self.timeline.epoch_size
-        return Deal(Pieces.of([(0, 0, rows)]), self.world_size, workers, self.even_batches).shares
+        deal = Deal(Pieces.of([(0, 0, rows)]), self.world_size, workers, self.even_batches)
+        return self.whole_batches(deal.shares)
+
+    def whole_batches(self, lengths: IntArray) -> IntArray:
+        """``lengths`` (a stream's positions of an epoch), with ``drop_last`` cut to whole
+        batches: the positions of a last, partial batch open the next epoch (dropped, their
+        rows would be skipped in their sources' epochs, which run on across mixture epochs)."""
+        if not self.config.drop_last:
+            return lengths
+        return lengths - lengths % self.config.batch_size
 
     def rest(self, source: int) -> SourceRest:
         return self.rests[source] if self.rests else SourceRest()
@@ -439,9 +463,21 @@ class MixedEpochs:
             )
         return share
 
+    def serving(self, start: Start) -> MixedEpochs:
+        """The mixture an iteration from ``start`` reads: this one, or, for an epoch begun
+        afresh that its timeline does not run from its first position (a loaded state's
+        epoch, which it changed or re-dealt mid-way, or an earlier one), the mixture as
+        built: the epoch afresh, as one dataset's ``set_epoch`` after a load."""
+        if not start.is_fresh or self.timeline.begins(start.epoch):
+            return self
+        return self.following(replace(self.timeline, segment=Segment()), ())
+
     def begin(
         self, start: Start, num_workers: int, workers: Iterable[int] | None = None
     ) -> MixedProgress:
+        """The progress of an iteration from ``start`` (of the mixture that serves it)."""
+        if (served := self.serving(start)) is not self:
+            return served.begin(start, num_workers, workers)
         streams = max(1, num_workers)
         if start.checkpoint_workers is not None:
             check_setting(
@@ -465,15 +501,16 @@ class MixedEpochs:
                 )
             if self.config.packing is not None and not isinstance(position, MixPosition):
                 if start.epoch or position:
-                    raise ValueError(_NO_CARRY.format(epoch=start.epoch))
+                    raise ValueError(NO_CARRY.format(epoch=start.epoch))
                 position = MixPosition(0, ((0, 0),) * len(self.sources))
             progress.positions[worker] = position
             progress.counts(worker, int(position))  # not before the segment
         return progress
 
     def batches(self, start: Start, num_workers: int) -> int:
-        """Batches this rank yields in ``start``'s epoch."""
-        progress = MixedProgress(self, start.epoch, num_workers)
+        """Batches this rank yields in ``start``'s epoch: all of its positions, those before
+        a loaded state's position too."""
+        progress = MixedProgress(self.serving(start), start.epoch, num_workers)
         rows = np.array([progress.total(w) for w in range(max(1, num_workers))])
         size = self.config.batch_size
         per_stream = rows // size if self.config.drop_last else -(-rows // size)

@@ -168,7 +168,7 @@ def _load_elastic(
     )
     workers = max(1, num_workers)
     deal = Deal(Pieces.of([(0, 0, remaining)]), mix.world_size, workers, mix.even_batches)
-    lengths = deal.shares_of(mix.rank * workers, workers)
+    lengths = mix.whole_batches(deal.shares_of(mix.rank * workers, workers))
     segment = Segment(first["epoch"], (), {}, tuple(int(n) for n in lengths))
     log.info(
         "mixture %s: elastic resume of epoch %d from %d x %d streams to %d x %d: %d positions "
@@ -234,6 +234,25 @@ def _described(timeline: Timeline) -> str:
     return text + (f", policies {timeline.policies}" if timeline.policies else "")
 
 
+def _lengths_on(then: MixedProgress, current: Timeline, workers: int) -> tuple[int, ...]:
+    """Positions of the epoch in progress under ``current`` per stream (``()``: the new
+    epoch's, or the position if later): a stream that had ended its epoch ends it there; the
+    rest an elastic resume dealt goes on at most to the new epoch's end."""
+    before = then.mix.timeline.segment
+    dealt = before.lengths if then.epoch == before.epoch else ()
+    streams = range(max(1, workers))
+    ended = [then.positions[w] >= then.total(w) for w in streams]
+    if not dealt and not any(ended):
+        return ()
+    lengths = then.mix.following(current).epoch_lengths(workers)
+    out = []
+    for w in streams:
+        end = int(lengths[then.stream(w)])
+        end = min(end, dealt[w]) if dealt else end
+        out.append(int(then.positions[w] if ended[w] else max(end, then.positions[w])))
+    return tuple(out)
+
+
 def _reweighted(then: MixedProgress, current: Timeline, workers: int) -> Timeline:
     """``current`` counting on from where the streams of ``then`` stood."""
     streams = max(1, workers)
@@ -253,13 +272,11 @@ def _reweighted(then: MixedProgress, current: Timeline, workers: int) -> Timelin
         )
     counts = [then.counts(w, then.positions[w]).tolist() for w in range(streams)]
     old = then.mix.names
-    before = then.mix.timeline.segment
     segment = Segment(
         epoch=then.epoch,
         positions=tuple(then.positions[w] for w in range(streams)),
         counts={n: tuple(c[old.index(n)] for c in counts) for n in current.names if n in old},
-        # the epoch an elastic resume dealt keeps its length
-        lengths=before.lengths if then.epoch == before.epoch else (),
+        lengths=_lengths_on(then, current, workers),
     )
     removed = [n for n in old if n not in current.names]
     added = [n for n in current.names if n not in old]

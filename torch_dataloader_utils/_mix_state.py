@@ -8,7 +8,10 @@ A mixture's state is plain JSON-safe builtins::
     _mixture     {"weights": {name: int}, "epoch_size": int,
                   "policies": {name: [max_epochs, "stop" | "renormalize"]} (limited sources),
                   "schedule_block": int (0: the period in order), "schedule_seed": int,
-                  "segment": [epoch, [position per worker], {name: [rows read per worker]}]}
+                  "segment": [epoch, [position per worker], {name: [rows read per worker]},
+                              [positions of that epoch per worker]: an elastic resume's
+                              rest, or the epoch in progress when the mixture changed
+                              ([]: an epoch's, or the position if later)]}
     streams      positions handed out in the epoch, one per worker stream of this rank
     cursor                              int      the worker whose batch comes next
     sources      {name: the state of that source as a dataset of its own (files, settings,
@@ -160,14 +163,17 @@ def checked_rows(
 
 def check_positions(then: MixedProgress) -> None:
     """Each stream's stored position within its epoch, whose length (after an elastic resume,
-    the segment's) is at most an epoch's share."""
+    the segment's) is at most an epoch's share, or what was read when the mixture changed."""
     segment = then.mix.timeline.segment
+    changed = segment.positions
     for worker, length in enumerate(segment.lengths):
-        if length > then.length(worker) + 1:  # a rest dealt anew is at most an epoch's share
+        # a rest dealt anew is at most an epoch's share; a changed epoch, what was read then
+        read = changed[worker] if changed else 0
+        if length > max(then.length(worker), read) + 1:
             raise InvalidStateError(
                 f"state key '_mixture.segment' gives worker {worker} {length} positions in "
-                f"epoch {segment.epoch}, more than an epoch's {then.length(worker)}: the "
-                f"state is corrupted"
+                f"epoch {segment.epoch}, more than an epoch's {then.length(worker)} and the "
+                f"{read} read when the mixture changed: the state is corrupted"
             )
     for worker, position in then.positions.items():
         if position > then.total(worker):
