@@ -153,6 +153,27 @@ def test_recent_covers_only_the_last_seconds() -> None:
     assert stats.since_start.wait_p99 == pytest.approx(1.0)
     assert (stats.since_start.batches, stats.since_start.rows) == (20, 50)
     assert stats.bottleneck == "trainer"
+    # a longer window reaches back again; the shorter one after it is the same as before
+    assert recorder.stats(recent_seconds=1000).recent.batches == 20
+    again = recorder.stats(recent_seconds=5).recent
+    assert (again.batches, again.wait_seconds) == (recent.batches, recent.wait_seconds)
+
+
+def test_percentiles_are_refreshed_once_1_64th_of_their_batches_changed() -> None:
+    recorder = Recorder(num_workers=1)
+    t = 0.0
+    for wait in [0.001] * 891 + [0.5] * 9:  # 9 of the 899 waits that count are long
+        recorder.record(t, t + wait, {"x": [1]})
+        t += 1.0
+    assert recorder.stats(1e9).since_start.wait_p99 == pytest.approx(0.5)
+    recorder.record(t, t + 0.001, {"x": [1]})
+    stale = recorder.stats(1e9).since_start
+    # 9 long of 900 would make p99 short; 1 new wait of 900 is under 1/64: not recomputed yet
+    assert stale.batches == 901 and stale.wait_p99 == pytest.approx(0.5)
+    for _ in range(300):
+        t += 1.0
+        recorder.record(t, t + 0.001, {"x": [1]})
+    assert recorder.stats(1e9).since_start.wait_p99 == pytest.approx(0.001)  # 9 long of 1,200
 
 
 def test_stats_start_fresh_for_each_iterator_and_after_resume(tmp_path: Path) -> None:

@@ -98,6 +98,9 @@ class Recorder:
         self._last = 0.0  # when the last batch was handed out
         self._startup = 0.0
         self._totals = (0.0, 0.0, 0, 0)  # wait, trainer, rows, tokens
+        self._window = 0  # the recent window's first batch at the last stats()
+        # Per span (since the start, recent): the batches and percentiles last computed.
+        self._cached = [(1, 1, (0.0, 0.0, 0.0))] * 2
 
     def record(self, asked: float, got: float, batch: Any) -> None:
         """The loop called ``next()`` at ``asked`` and got ``batch`` at ``got``."""
@@ -132,9 +135,9 @@ class Recorder:
             seconds=now - self._start if count else 0.0,
             count=count,
             sums=self._totals,
-            percentiles=(whole := _percentiles(self._waits(oldest))),
+            percentiles=self._quantiles(oldest, 0),
         )
-        recent = self._recent(now - recent_seconds, now, oldest, whole)
+        recent = self._recent(now - recent_seconds, now, oldest)
         bottleneck, advice = verdict(recent if recent.batches > 1 else since, self._num_workers)
         return LoaderStats(
             since_start=since,
@@ -146,17 +149,12 @@ class Recorder:
             advice=advice,
         )
 
-    def _recent(
-        self, cutoff: float, now: float, oldest: int, whole: tuple[float, float, float]
-    ) -> LoopStats:
+    def _recent(self, cutoff: float, now: float, oldest: int) -> LoopStats:
         """The figures of the batches asked for from ``cutoff`` on (those still in the ring:
         if the window reaches back past the ring, it starts at the ring's oldest batch)."""
         count, size = self._count, self._size
         cutoff = max(cutoff, self._start)
-        key = self._asked.__getitem__
-        first = oldest + bisect.bisect_left(
-            range(oldest, count), cutoff, key=lambda j: key(j % size)
-        )
+        first = self._window_start(cutoff, oldest)
         if first == oldest and oldest:
             cutoff = self._asked[oldest % size]
         totals = before = self._totals
@@ -173,13 +171,40 @@ class Recorder:
                 totals[2] - before[2],
                 totals[3] - before[3],
             ),
-            percentiles=whole if first == oldest else _percentiles(self._waits(first)),
+            percentiles=self._quantiles(first, 1),
         )
 
+    def _window_start(self, cutoff: float, oldest: int) -> int:
+        """The first batch in the ring asked for at or after ``cutoff``. Called every step,
+        the window has moved by a batch or two since the last call: step forward from there
+        (binary search over the ring when it moved far or back)."""
+        count, size, asked = self._count, self._size, self._asked
+        first = max(self._window, oldest)
+        back = first > oldest and asked[(first - 1) % size] >= cutoff
+        if back or (first + 8 < count and asked[(first + 8) % size] < cutoff):
+            first = oldest + bisect.bisect_left(
+                range(oldest, count), cutoff, key=lambda j: asked[j % size]
+            )
+        while first < count and asked[first % size] < cutoff:
+            first += 1
+        self._window = first
+        return first
+
+    def _quantiles(self, first: int, span: int) -> tuple[float, float, float]:
+        """p50/p95/p99 of the waits of batches ``first ..`` (``span`` 0: since the start, 1:
+        recent), recomputed once the batches that entered or left the span since the last
+        computation reach 1/64 of it: each figure is then a wait whose rank is off by at most
+        that share, and ``stats()`` every step stays cheap."""
+        first = max(first, 1)  # the first batch's wait is start-up
+        was_first, was_count, values = self._cached[span]
+        moved = (first - was_first) + (self._count - was_count)
+        if moved and moved >= (self._count - first) >> 6:
+            values = _percentiles(self._waits(first))
+            self._cached[span] = (first, self._count, values)
+        return values
+
     def _waits(self, first: int) -> Any:
-        """The waits of batches ``first ..`` (all in the ring), in no particular order; the
-        first batch's wait is start-up, not among them."""
-        first = max(first, 1)
+        """The waits of batches ``first ..`` (all in the ring), in no particular order."""
         lo, hi = first % self._size, self._count % self._size
         if first >= self._count:
             return self._wait[:0]
@@ -246,16 +271,19 @@ def batch_rows(batch: Any) -> tuple[int, int]:
     if isinstance(batch, dict):
         tokens = batch.get("num_tokens", 0)
         tokens = int(tokens) if isinstance(tokens, (int, np.integer)) else 0
-        rows = next((_length(v) for v in batch.values() if _has_rows(v)), 0)
-        return rows, tokens
+        for value in batch.values():
+            rows = _length(value)
+            if rows is not None:
+                return rows, tokens
+        return 0, tokens
     if isinstance(batch, (tuple, list)):
-        return (_length(batch[0]) if batch else 0), 0
-    return _length(batch), 0
+        return (_length(batch[0]) or 0 if batch else 0), 0
+    return _length(batch) or 0, 0
 
 
-def _has_rows(value: Any) -> bool:
-    return hasattr(value, "__len__") and getattr(value, "ndim", 1) != 0
-
-
-def _length(value: Any) -> int:
-    return len(value) if _has_rows(value) else 0
+def _length(value: Any) -> int | None:
+    """Rows of a column or batch; ``None`` for a value without rows (a scalar, a 0-d tensor)."""
+    shape = getattr(value, "shape", None)  # tensors, arrays, Arrow record batches: cheap
+    if shape is not None:
+        return int(shape[0]) if len(shape) else None
+    return len(value) if hasattr(value, "__len__") else None
