@@ -148,8 +148,8 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         each ``iter(loader)``, so after ``load_state_dict`` too): the time the loop spent
         blocked in ``next()`` and between calls, batches, rows and tokens handed out, since the
         loop's first ``next()`` and over the last ``recent_seconds``, with a ``bottleneck``
-        verdict and ``advice`` (docs/observability.md). Costs tens of microseconds: call it
-        every step if you like.
+        verdict and ``advice`` (docs/observability.md). A call costs 10-20 us: call it every
+        step of a training loop, or every N steps of a loop that only fetches batches.
         """
         if not recent_seconds > 0:
             raise ValueError(f"stats(recent_seconds=...) must be > 0, got {recent_seconds!r}")

@@ -41,8 +41,9 @@ class LoopStats:
     ``next()``; ``wait_fraction`` is ``wait / (wait + trainer)`` (0 before a second batch).
     ``rows`` are the rows the batches hold (a packed batch's sequences), ``tokens`` the real
     tokens of packed batches (their ``num_tokens``; 0 for other batches).
-    ``wait_p50``/``wait_p95``/``wait_p99`` are per-batch waits in seconds, over the span's
-    batches among the last ``RING`` (2,048) handed out.
+    ``wait_p50``/``wait_p95``/``wait_p99`` are per-batch waits in seconds (nearest rank), over
+    the span's batches among the last ``RING`` (2,048) handed out, refreshed once 1/64 of
+    those batches changed.
     """
 
     seconds: float
