@@ -198,7 +198,7 @@ class Recorder:
         that share, and ``stats()`` every step stays cheap."""
         first = max(first, 1)  # the first batch's wait is start-up
         was_first, was_count, values = self._cached[span]
-        moved = (first - was_first) + (self._count - was_count)
+        moved = abs(first - was_first) + (self._count - was_count)
         if moved and moved >= (self._count - first) >> 6:
             values = _percentiles(self._waits(first))
             self._cached[span] = (first, self._count, values)
