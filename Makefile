@@ -57,6 +57,7 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_tokens.py --plot bench_output/tokens.png
 	$(PY) benchmarks/bench_mixing.py --json bench_output/mixing.json
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_stall.py --plot bench_output/stall.png
+	$(PY) benchmarks/bench_stats.py --json bench_output/stats.json
 
 DOCS_STAMP := $(VENV)/.installed-docs
 

@@ -24,6 +24,8 @@ def test_exports():
         "DataLoaderUtilsError",
         "DataSourceError",
         "InvalidStateError",
+        "LoaderStats",
+        "LoopStats",
         "LostBatchesError",
         "SchemaMismatchError",
         "Source",

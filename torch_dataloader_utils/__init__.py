@@ -12,6 +12,7 @@ from ._errors import (
 )
 from ._loader import StructuredDataLoader
 from ._mixture import Source
+from ._stats import LoaderStats, LoopStats
 from ._tokens import TokenPacking
 
 __all__ = [
@@ -19,6 +20,8 @@ __all__ = [
     "DataLoaderUtilsError",
     "DataSourceError",
     "InvalidStateError",
+    "LoaderStats",
+    "LoopStats",
     "LostBatchesError",
     "SchemaMismatchError",
     "Source",

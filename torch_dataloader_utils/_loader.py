@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import time
 import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -18,6 +19,7 @@ from ._handout import KEEP, HandOuts
 from ._log import log
 from ._mix_epochs import AnyProgress
 from ._packets import WorkerFailure, slot_bytes
+from ._stats import LoaderStats, Recorder
 from ._stream import Position
 from ._transport import Packet, SharedSlots
 
@@ -57,6 +59,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         dataset._attach_loader(self.num_workers)
         self._slots: SharedSlots | None = None
         self._handouts: HandOuts | None = None  # the current iteration's
+        self._recorder = Recorder(self.num_workers)  # the current iteration's timings
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         batches: Iterator[Any]
@@ -66,7 +69,8 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         else:
             batches = self._unpacked()
         self._handouts = HandOuts()
-        return _handed_out(batches, self.dataset, self._handouts)
+        self._recorder = Recorder(self.num_workers)
+        return _handed_out(batches, self.dataset, self._handouts, self._recorder)
 
     def _unpacked(self) -> Iterator[Any]:
         """Batches in strict round-robin over workers from the cursor, whatever the packet sizes.
@@ -138,6 +142,18 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
             shutdown_workers(self._iterator)
             self._iterator = None
         shutdown_workers(packets)
+
+    def stats(self, recent_seconds: float = 10.0) -> LoaderStats:
+        """Is the training loop waiting on data? Figures of the current iteration (fresh for
+        each ``iter(loader)``, so after ``load_state_dict`` too): the time the loop spent
+        blocked in ``next()`` and between calls, batches, rows and tokens handed out, since the
+        loop's first ``next()`` and over the last ``recent_seconds``, with a ``bottleneck``
+        verdict and ``advice`` (docs/observability.md). A call costs 10-20 us: call it every
+        step of a training loop, or every N steps of a loop that only fetches batches.
+        """
+        if not recent_seconds > 0:
+            raise ValueError(f"stats(recent_seconds=...) must be > 0, got {recent_seconds!r}")
+        return self._recorder.stats(recent_seconds)
 
     def __len__(self) -> int:
         """Batches this rank yields in the epoch (``DataLoader.__len__`` would count packets)."""
@@ -235,16 +251,19 @@ setattr(StructuredDataLoader, ACCELERATE_PREPARED, True)
 
 
 def _handed_out(
-    batches: Iterator[Any], dataset: StructuredDataset, handouts: HandOuts
+    batches: Iterator[Any], dataset: StructuredDataset, handouts: HandOuts, recorder: Recorder
 ) -> Iterator[Any]:
     """``batches`` as handed to the training loop: each marked with where delivery stood
-    before it (``HandOuts``); closing this generator closes ``batches``."""
+    before it (``HandOuts``) and timed (``Recorder``); closing this generator closes
+    ``batches``."""
     try:
         while True:
+            asked = time.perf_counter()
             mark = dataset._mark()
             batch = next(batches, _NOTHING)
             if batch is _NOTHING:
                 return
+            recorder.record(asked, time.perf_counter(), batch)
             progress = dataset._progress
             if progress is not mark.progress:  # the first batch: before it, the start
                 mark = replace(mark, progress=None)
