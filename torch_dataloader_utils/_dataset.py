@@ -161,6 +161,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         self._handoff: Iteration | None = None  # the iteration our loader is starting
         self._progress: AnyProgress | None = None
         self._resumed = False
+        self._finished: int | None = None  # the epoch a loaded state had finished
 
     def _source(
         self,
@@ -329,9 +330,18 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 f"for the epochs after the resumed one.",
                 stacklevel=2,
             )
+        if epoch == self._finished and self._progress is None:
+            warnings.warn(
+                f"set_epoch({epoch}) after load_state_dict of a state taken at the end of epoch "
+                f"{epoch} trains epoch {epoch} again; the state continues with epoch "
+                f"{epoch + 1} (dataset.epoch). Call set_epoch only for the epochs after "
+                f"dataset.epoch.",
+                stacklevel=2,
+            )
         self._start = self._carried(epoch) or Start.fresh(epoch)
         self._progress = None
         self._resumed = False
+        self._finished = None
 
     def _carried(self, epoch: int) -> Start | None:
         """A packed mixture's ``epoch`` continuing each source where the epoch before it
@@ -399,6 +409,11 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         self._start = start
         self._progress = None
         self._resumed = True
+        self._finished = None
+        if self._ended():  # taken after the epoch's last batch: the next epoch comes next
+            self._finished = self.epoch
+            self._start = self._carried(self.epoch + 1) or Start.fresh(self.epoch + 1)
+            self._resumed = False
 
     def save_state_global(self, dst_rank: int = 0) -> list[dict[str, Any]] | None:
         """Collective: every rank's ``state_dict()`` on ``dst_rank`` (``None`` elsewhere)."""
@@ -431,6 +446,17 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         """The DataLoader's ``num_workers``: for sure inside a worker, else our loader's."""
         worker = detect_worker()
         return worker[1] if worker is not None else self._loader_workers
+
+    def _ended(self) -> bool:
+        """Whether the next iteration starts at the end of its epoch (a loaded state taken
+        after the epoch's last batch): it would hand out nothing."""
+        start = self._start
+        if start.positions is None and not start.generations:
+            return False
+        workers = self._known_workers()
+        if workers is None:  # no loader yet: the state's own
+            workers = start.checkpoint_workers or 0
+        return self._epochs.begin(start, workers).ended()
 
     # ----------------------------------------------------------------- iteration
 

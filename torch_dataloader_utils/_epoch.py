@@ -101,6 +101,10 @@ class Progress:
     def left_out(self) -> int:
         return self.plan.deal.left_out().total
 
+    def ended(self) -> bool:
+        """Whether every stream has handed out its whole share of the epoch."""
+        return all(int(p) >= self.orders[w].total for w, p in self.positions.items())
+
 
 @dataclass(frozen=True, kw_only=True)
 class Epochs:

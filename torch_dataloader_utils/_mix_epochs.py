@@ -265,6 +265,10 @@ class MixedProgress:
         )
         return int(min(length, max(0, end - first)))
 
+    def ended(self) -> bool:
+        """Whether every stream has handed out all its positions of the epoch."""
+        return all(int(p) >= self.total(w) for w, p in self.positions.items())
+
     def places(self, worker: int, position: int) -> list[SourcePlace]:
         """Where stream ``worker`` stands in each source after ``position`` rows of the epoch."""
         if isinstance(position, MixPosition):

@@ -103,10 +103,12 @@ class _LoaderCheckpoints(TrainerCallback):
     ) -> None:
         dataset = self.loader.dataset
         self._epochs_begun += 1
+        # The Trainer's epoch number cannot say where the loader stands: without a len()
+        # (packing) it counts max_steps as an epoch. Each of its epochs iterates the loader to
+        # its end, so the loader's next epoch follows each one; the first of a run continues
+        # the loader (a state loaded at an epoch's end continues with the next epoch).
         if self._epochs_begun > 1:
             dataset.set_epoch(dataset.epoch + 1)
-        elif int(state.epoch or 0) > dataset.epoch:  # resumed at the end of an epoch
-            dataset.set_epoch(int(state.epoch or 0))
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
