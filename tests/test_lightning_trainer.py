@@ -148,6 +148,29 @@ def test_lightning_ddp_two_processes_resume_exactly(tokens_dir: Path, tmp_path: 
         assert_exact(tmp_path, case, rank, 2)
 
 
+@pytest.mark.ddp
+def test_lightning_ddp_epochs_resume_exactly(
+    parquet_dir: Path, small_split: int, tmp_path: Path
+) -> None:
+    """2 processes (gloo), ``LoaderStatesPerRank``, 3 epochs, no ``set_epoch``: a checkpoint on
+    epoch 0's last step, and Lightning's default epoch-end one (whose loader states Lightning
+    does not load: the sampler's ``set_epoch`` moves each process's loader), process 0
+    SIGKILLed; each process trains every epoch of its share once, in its uninterrupted order."""
+    kwargs = rows_case(parquet_dir, small_split, 2)
+    epochs = [epochs_of(kwargs, rank, 2, epochs=3) for rank in range(2)]
+    n = len(epochs[0][0])
+    cases = [
+        {"name": "ddp-rows-w2-last", "kwargs": kwargs, "save_every": n, "crash_at": n + 2,
+         "epochs": 3},
+        {"name": "ddp-rows-w2-end", "kwargs": kwargs, "checkpoint": {}, "crash_at": n + 2,
+         "epochs": 3},
+    ]  # fmt: skip
+    train_and_resume(launch_job, torchrun(2, JOB), cases, tmp_path)
+    for case in cases:
+        for rank in range(2):
+            assert_epochs_continue(tmp_path / case["name"], epochs[rank], rank)
+
+
 def test_another_process_state_names_the_callback(parquet_dir: Path, small_split: int) -> None:
     """Without ``LoaderStatesPerRank`` every DDP process gets process 0's state: it refuses
     it loudly and names the callback."""

@@ -304,9 +304,17 @@ def test_readme_loop_resumes_from_a_checkpoint_on_an_epochs_last_batch(
     resumed.load_state_dict(saved)
     assert resumed.dataset.epoch == 2
     assert readme_loop(resumed, 3)[0] == full[last:]
-    with pytest.warns(UserWarning, match=r"set_epoch\(1\) .* end of epoch 1 trains epoch 1 again"):
+    resumed.load_state_dict(saved)  # then set_epoch(2), as before this meaning: the same
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.dataset.set_epoch(2)
+    assert [trained_values(b) for b in resumed] == epochs[2]
+    for again in (1, 2):  # a loop counting epochs from the checkpoint's (1) trains one again
         resumed.load_state_dict(saved)
-        resumed.dataset.set_epoch(1)  # a loop counting epochs from the checkpoint's
+        if again == 2:
+            list(resumed)
+        with pytest.warns(UserWarning, match=rf"set_epoch\({again}\) trains epoch {again} again"):
+            resumed.dataset.set_epoch(again)
 
 
 def test_a_trainers_epoch_moves_the_loader_forward_only(

@@ -330,18 +330,11 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 f"for the epochs after the resumed one.",
                 stacklevel=2,
             )
-        if epoch == self._finished and self._progress is None:
-            warnings.warn(
-                f"set_epoch({epoch}) after load_state_dict of a state taken at the end of epoch "
-                f"{epoch} trains epoch {epoch} again; the state continues with epoch "
-                f"{epoch + 1} (dataset.epoch). Call set_epoch only for the epochs after "
-                f"dataset.epoch.",
-                stacklevel=2,
-            )
+        if self._after_finished(epoch):
+            return
         self._start = self._carried(epoch) or Start.fresh(epoch)
         self._progress = None
         self._resumed = False
-        self._finished = None
 
     def _carried(self, epoch: int) -> Start | None:
         """A packed mixture's ``epoch`` continuing each source where the epoch before it
@@ -446,6 +439,27 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         """The DataLoader's ``num_workers``: for sure inside a worker, else our loader's."""
         worker = detect_worker()
         return worker[1] if worker is not None else self._loader_workers
+
+    def _after_finished(self, epoch: int) -> bool:
+        """``set_epoch(epoch)`` after loading a state taken at the end of an epoch ``f``, which
+        continues with epoch ``f + 1``: for ``f + 1`` not iterated yet, already there (True:
+        nothing to do, as before this meaning of the state). Warns where it trains an epoch
+        again: ``f``, or ``f + 1`` iterated since (a loop counting epochs from the
+        checkpoint's instead of ``dataset.epoch``)."""
+        finished, self._finished = self._finished, None
+        if finished is None or epoch not in (finished, finished + 1):
+            return False
+        if epoch == finished + 1 and self._progress is None:
+            return True
+        since = ", iterated since" if epoch == finished + 1 else ""
+        warnings.warn(
+            f"set_epoch({epoch}) trains epoch {epoch} again: the state loaded was taken at the "
+            f"end of epoch {finished} and continued with epoch {finished + 1}{since}. After "
+            f"load_state_dict count epochs from dataset.epoch (README) and call set_epoch only "
+            f"for the ones after it.",
+            stacklevel=3,
+        )
+        return False
 
     def _ended(self) -> bool:
         """Whether the next iteration starts at the end of its epoch (a loaded state taken
