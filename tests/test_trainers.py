@@ -292,14 +292,24 @@ def readme_loop(loader: Any, epochs: int, save_after: int = -1) -> tuple[Batches
 def test_readme_loop_resumes_from_a_checkpoint_on_an_epochs_last_batch(
     parquet_dir: Path, small_split: int, few_tokens: Path, kind: str, workers: int
 ) -> None:
-    """The state taken after an epoch's last batch continues with the next epoch
-    (``dataset.epoch``), where the README's loop starts: every epoch once, in order."""
+    """A plain loop's state taken after an epoch's last batch resumes to the empty rest of
+    that epoch, and the README's loop goes on to the next: every epoch once, in order. Taken
+    by a loader a trainer drives (its sampler's ``set_epoch`` called), the state says
+    ``finished`` and continues with the next epoch: the README's loop trains the same."""
     kwargs = case_kinds(parquet_dir, small_split, few_tokens)[kind, workers]
     epochs = epochs_of(kwargs, epochs=3)
     full = [batch for epoch in epochs for batch in epoch]
     last = len(epochs[0]) + len(epochs[1])  # epoch 1's last batch
-    trained, saved = readme_loop(loader_of(kwargs), 3, save_after=last)
-    assert trained == full
+    trained, plain = readme_loop(loader_of(kwargs), 3, save_after=last)
+    assert trained == full and "finished" not in plain
+    resumed = loader_of(kwargs)
+    resumed.load_state_dict(plain)
+    assert resumed.dataset.epoch == 1
+    assert readme_loop(resumed, 3)[0] == full[last:]
+    driven = loader_of(kwargs)
+    driven.sampler.set_epoch(0)  # as Lightning does
+    trained, saved = readme_loop(driven, 3, save_after=last)
+    assert trained == full and saved["finished"] is True
     resumed = loader_of(kwargs)
     resumed.load_state_dict(saved)
     assert resumed.dataset.epoch == 2

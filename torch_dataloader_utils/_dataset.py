@@ -162,6 +162,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         self._progress: AnyProgress | None = None
         self._resumed = False
         self._finished: int | None = None  # the epoch a loaded state had finished
+        self._trainer_epochs = False  # a trainer moves the epochs: states say ``finished``
 
     def _source(
         self,
@@ -355,7 +356,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
     def state_dict(self) -> dict[str, Any]:
         """What the training loop has been handed in this epoch, by content (JSON-safe)."""
         if self._progress is not None:
-            return _encoded(self._epochs, self._progress)
+            return _encoded(self._epochs, self._progress, self._trainer_epochs)
         return self._start_state(self._start)
 
     def _start_state(self, start: Start) -> dict[str, Any]:
@@ -403,7 +404,9 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         self._progress = None
         self._resumed = True
         self._finished = None
-        if self._ended():  # taken after the epoch's last batch: the next epoch comes next
+        given = [state] if isinstance(state, Mapping) else list(state)
+        if all(s.get(FINISHED) is True for s in given) and self._ended():
+            # taken after the epoch's last batch: the next epoch comes next
             self._finished = self.epoch
             self._start = self._carried(self.epoch + 1) or Start.fresh(self.epoch + 1)
             self._resumed = False
@@ -466,6 +469,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         after the epoch's last batch): it would hand out nothing."""
         start = self._start
         if start.positions is None and not start.generations:
+            return False
+        if start.positions is not None and None in start.positions:  # a worker copy's state
             return False
         workers = self._known_workers()
         if workers is None:  # no loader yet: the state's own
@@ -535,7 +540,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             return self._start_state(mark.start)
         then = replace(mark.progress, positions=dict(mark.positions), cursor=mark.cursor)
         then._entries = {}
-        return _encoded(self._epochs, then)
+        return _encoded(self._epochs, then, self._trainer_epochs)
 
     @property
     def _next_start(self) -> Start:
@@ -633,12 +638,27 @@ def _check_policies(timeline: Timeline, config: DatasetConfig, lockstep: bool) -
         )
 
 
-def _encoded(epochs: Epochs | MixedEpochs, progress: AnyProgress) -> dict[str, Any]:
-    """The state dict of ``progress``."""
+def _encoded(
+    epochs: Epochs | MixedEpochs, progress: AnyProgress, trainer_epochs: bool = False
+) -> dict[str, Any]:
+    """The state dict of ``progress``; with ``trainer_epochs``, ``FINISHED`` once every stream
+    has finished its epoch."""
     if isinstance(progress, MixedProgress):
-        return encode_mixture(progress.mix, progress)
-    assert isinstance(epochs, Epochs)
-    return epochs.encode(progress)
+        state = encode_mixture(progress.mix, progress)
+    else:
+        assert isinstance(epochs, Epochs)
+        state = epochs.encode(progress)
+    if trainer_epochs and progress.ended():
+        state[FINISHED] = True
+    return state
+
+
+# The key of a state taken after its epoch's last batch by a loader whose epochs a trainer
+# moves (Lightning and Fabric through the sampler's set_epoch, StructuredTrainer): loaded, it
+# continues with the next epoch, for a trainer restores it as mid-epoch and may read from the
+# loader before it moves the epoch. Any other state taken there resumes to the empty rest of
+# its epoch (a loop's own set_epoch then starts the next).
+FINISHED = "finished"
 
 
 def _log_start(progress: AnyProgress) -> None:

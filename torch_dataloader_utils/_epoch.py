@@ -102,8 +102,11 @@ class Progress:
         return self.plan.deal.left_out().total
 
     def ended(self) -> bool:
-        """Whether every stream has handed out its whole share of the epoch."""
-        return all(int(p) >= self.orders[w].total for w, p in self.positions.items())
+        """Whether every stream of the rank has handed out its whole share of the epoch."""
+        positions = self.positions
+        return len(positions) == self.settings.streams_per_rank and all(
+            int(p) >= self.orders[w].total for w, p in positions.items()
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -256,9 +256,11 @@ class _EpochSampler(torch.utils.data.Sampler[None]):
     def set_epoch(self, epoch: int) -> None:
         """A trainer begins its epoch ``epoch``: ``dataset.set_epoch(epoch)`` if that is later
         than the dataset's, else nothing (the dataset is in that epoch already, resumed or
-        fresh; or the trainer's count restarted behind it in a resumed process)."""
+        fresh; or the trainer's count restarted behind it in a resumed process). From now on
+        a state taken after an epoch's last batch says ``finished``."""
         loader = self._loader
         dataset = loader.dataset
+        dataset._trainer_epochs = True
         if epoch <= dataset.epoch:
             return
         handouts, progress = loader._handouts, dataset._progress
