@@ -639,7 +639,7 @@ def _check_policies(timeline: Timeline, config: DatasetConfig, lockstep: bool) -
 
 
 def _encoded(
-    epochs: Epochs | MixedEpochs, progress: AnyProgress, trainer_epochs: bool = False
+    epochs: Epochs | MixedEpochs, progress: AnyProgress, trainer_epochs: bool
 ) -> dict[str, Any]:
     """The state dict of ``progress``; with ``trainer_epochs``, ``FINISHED`` once every stream
     has finished its epoch."""
