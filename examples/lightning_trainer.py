@@ -8,7 +8,9 @@ batch out of the state (it has not been read yet), so the resume trains it.
 The run checkpoints every ``EVERY`` steps, crashes at step ``CRASH_AT``, and a new Trainer,
 model and loader resume from the last checkpoint. It checks that every token of the epoch was
 trained on exactly once, in the uninterrupted order. (With more than one process add
-``LoaderStatesPerRank()`` to the callbacks: docs/trainers.md.)
+``LoaderStatesPerRank()`` to the callbacks: docs/trainers.md.) More epochs need nothing
+either: Lightning's ``sampler.set_epoch`` moves the loader to each epoch, and a checkpoint
+saved on an epoch's last step continues with the next (docs/trainers.md, "Epochs").
 
     python examples/lightning_trainer.py [--workdir DIR] [--num-workers 2]
 """

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from _data import write_dataset
+from _data import write_dataset, write_token_documents
 from hypothesis import HealthCheck, settings
 
 # Each multi-worker example forks DataLoader workers; keep property tests few and deadline-free.
@@ -66,3 +66,9 @@ def small_split(parquet_dir: Path) -> int:
     group = meta.row_group(0)
     one = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
     return 2 * one + 1
+
+
+@pytest.fixture(scope="session")
+def few_tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Token documents that make about 30 batches an epoch of ``trainers._common.packed_case``."""
+    return write_token_documents(tmp_path_factory.mktemp("few_tokens"), docs=120)

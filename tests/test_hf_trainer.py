@@ -23,6 +23,10 @@ from _data import write_token_documents
 from _launch import launch_job, torchrun
 from trainers._common import (
     assert_continues,
+    assert_epochs_continue,
+    case_kinds,
+    epochs_of,
+    kind_of,
     loader_of,
     packed_case,
     rows_case,
@@ -69,6 +73,45 @@ def test_hf_trainer_resumes_exactly_in_one_process(
         assert_exact(tmp_path, case)
     state = tmp_path / "rows-w2-gas2" / "ckpt" / "checkpoint-5" / "loader_state_0.json"
     assert state.is_file()
+
+
+def test_hf_trainer_epochs_resume_exactly_at_every_moment(
+    parquet_dir: Path, small_split: int, few_tokens: Path, tmp_path: Path
+) -> None:
+    """Three epochs: resumed from a checkpoint mid-epoch, on an epoch's last step, at the
+    epoch-end checkpoint (``save_strategy="epoch"``), on the next epoch's first step, with
+    ``gradient_accumulation_steps`` whose last group of an epoch is short: every epoch's
+    batches once, in the uninterrupted order. Packed (no ``len()``: the Trainer counts
+    ``max_steps`` as its epoch), a resume on an epoch's last step stopped the training
+    ("There seems not to be a single sample in your epoch_iterator")."""
+    kinds = case_kinds(parquet_dir, small_split, few_tokens)
+    rows, packed = ({w: kinds[kind, w] for w in (0, 2)} for kind in ("rows", "packed"))
+    epochs = {key: epochs_of(kwargs, epochs=3) for key, kwargs in kinds.items()}
+    n, p0, p2 = len(epochs["rows", 0][0]), len(epochs["packed", 0][0]), len(epochs["packed", 2][0])
+    three = {"num_train_epochs": 3}
+    steps = {w: {"max_steps": sum(len(e) for e in epochs["packed", w])} for w in (0, 2)}
+    gas4 = {**three, "gradient_accumulation_steps": 4}
+    cases = [
+        {"name": "rows-w0-mid", "kwargs": rows[0], "save_every": n + 10, "crash_at": n + 15,
+         "args": three},
+        {"name": "rows-w0-last", "kwargs": rows[0], "save_every": n, "crash_at": n + 3,
+         "args": three},
+        {"name": "rows-w2-end", "kwargs": rows[2], "crash_at": n + 5,
+         "args": {**three, "save_strategy": "epoch"}},
+        {"name": "rows-w0-first", "kwargs": rows[0], "save_every": n + 1, "crash_at": n + 4,
+         "args": three},
+        {"name": "rows-w2-gas4-last", "kwargs": rows[2], "save_every": -(-n // 4),
+         "crash_at": -(-n // 4) + 2, "args": gas4},
+        {"name": "rows-w0-gas4-mid", "kwargs": rows[0], "save_every": -(-n // 4) + 2,
+         "crash_at": -(-n // 4) + 5, "args": gas4, "resume": f"checkpoint-{-(-n // 4) + 2}"},
+        {"name": "packed-w2-last", "kwargs": packed[2], "save_every": p2, "crash_at": p2 + 2,
+         "args": steps[2]},
+        {"name": "packed-w0-first", "kwargs": packed[0], "save_every": p0 + 1,
+         "crash_at": p0 + 3, "args": steps[0]},
+    ]  # fmt: skip
+    train_and_resume(launch_job, [sys.executable, str(JOB)], cases, tmp_path)
+    for case in cases:
+        assert_epochs_continue(tmp_path / case["name"], epochs[kind_of(case["name"])])
 
 
 @pytest.mark.ddp

@@ -132,9 +132,9 @@ class Lifecycle(RuleBasedStateMachine):
         self.checkpoints: list[tuple[dict[str, Any], Expect, Shape]] = []
         self.loaded_epoch: int | None = None  # a state loaded, not yet iterated
         self.described: Expect | None  # what state_dict() describes
-        # With workers an iteration begins at its first next(), not at iter() (without: at
-        # iter()), so between the two set_epoch/load_state_dict/state_dict would act on what
-        # comes before or after it depending on num_workers: the model stays out of that window.
+        # An iteration begins at its first next(), not at iter(): between the two,
+        # set_epoch/load_state_dict/state_dict act on what comes before it (checkpoints.md);
+        # the model stays out of that window.
         self.pending = False
 
     @initialize(
@@ -156,9 +156,7 @@ class Lifecycle(RuleBasedStateMachine):
             # after this iteration, another begins its epoch afresh unless a state is loaded
             self.next_start = fresh(self.shape, self.running.epoch)
             self.loaded_epoch = None
-        self.pending = self.shape.num_workers > 0
-        if not self.pending:
-            self.described = self.running
+        self.pending = True
 
     @precondition(lambda self: self.running is not None)
     @rule(k=st.integers(1, 6))

@@ -24,6 +24,10 @@ from _data import write_token_documents
 from _launch import launch_job, torchrun
 from trainers._common import (
     assert_continues,
+    assert_epochs_continue,
+    case_kinds,
+    epochs_of,
+    kind_of,
     loader_of,
     packed_case,
     rows_case,
@@ -81,6 +85,55 @@ def test_lightning_resumes_exactly_in_one_process(
     assert isinstance(found, list) and found[0]["_packing"] == ["tokens", -1]
 
 
+def test_lightning_epochs_resume_exactly_at_every_moment(
+    parquet_dir: Path, small_split: int, few_tokens: Path, tmp_path: Path
+) -> None:
+    """Three epochs, no ``set_epoch`` anywhere: the loader's ``sampler.set_epoch``, which
+    Lightning calls before each epoch's first batch, moves it to Lightning's epoch. Resumed
+    from a checkpoint mid-epoch, on an epoch's last step (``every_n_train_steps``), at the
+    default epoch-end checkpoint, on the next epoch's first step, at a validation that
+    ``val_check_interval`` puts across an epoch's end, with accumulation: every epoch's
+    batches once, in the uninterrupted order. Before, with the recipe of docs/trainers.md in
+    ``on_train_epoch_start``, an epoch-end step checkpoint trained 0 batches of the next
+    epoch, and the epoch-end checkpoint without workers trained epoch 0's order again."""
+    kinds = case_kinds(parquet_dir, small_split, few_tokens)
+    rows, packed = ({w: kinds[kind, w] for w in (0, 2)} for kind in ("rows", "packed"))
+    epochs = {key: epochs_of(kwargs, epochs=3) for key, kwargs in kinds.items()}
+    n, p0, p2 = len(epochs["rows", 0][0]), len(epochs["packed", 0][0]), len(epochs["packed", 2][0])
+    end = {}  # Lightning's default ModelCheckpoint: at each epoch's end
+    at_validation = {"save_on_train_epoch_end": False}
+    across = {"val_check_interval": 7, "check_val_every_n_epoch": None}
+    cases = [
+        {"name": "rows-w0-mid", "kwargs": rows[0], "save_every": n + 10, "crash_at": n + 15},
+        {"name": "rows-w0-last", "kwargs": rows[0], "save_every": n, "crash_at": n + 3},
+        {"name": "rows-w2-last", "kwargs": rows[2], "save_every": n, "crash_at": n + 3},
+        {"name": "rows-w0-end", "kwargs": rows[0], "checkpoint": end, "crash_at": n + 3},
+        {"name": "rows-w2-end", "kwargs": rows[2], "checkpoint": end, "crash_at": 2 * n + 5},
+        {"name": "rows-w2-first", "kwargs": rows[2], "save_every": n + 1, "crash_at": n + 4},
+        {"name": "rows-w2-acc4-last", "kwargs": rows[2], "save_every": -(-n // 4),
+         "crash_at": -(-n // 4) + 2, "trainer": {"accumulate_grad_batches": 4}},
+        {"name": "rows-w0-acc3-val-across", "kwargs": rows[0], "checkpoint": at_validation,
+         "crash_at": 12, "trainer": {"accumulate_grad_batches": 3, **across}},
+        {"name": "packed-w0-last", "kwargs": packed[0], "save_every": p0, "crash_at": p0 + 3},
+        {"name": "packed-w2-end", "kwargs": packed[2], "checkpoint": end, "crash_at": p2 + 4,
+         "raises": True},
+        {"name": "packed-w2-acc2-first", "kwargs": packed[2], "save_every": -(-p2 // 2) + 1,
+         "crash_at": -(-p2 // 2) + 3, "trainer": {"accumulate_grad_batches": 2}},
+        {"name": "packed-w0-val-across", "kwargs": packed[0], "checkpoint": at_validation,
+         "crash_at": p0 + 8, "trainer": across},
+    ]  # fmt: skip
+    for case in cases:
+        case["epochs"] = 3
+    train_and_resume(launch_job, [sys.executable, str(JOB)], cases, tmp_path)
+    for case in cases:
+        if case.get("raises"):
+            error = (tmp_path / case["name"] / "resume-rank0.error").read_text()
+            assert "moves the loader to epoch 1 after it read a batch of epoch 0" in error
+            assert "every_n_train_steps" in error
+            continue
+        assert_epochs_continue(tmp_path / case["name"], epochs[kind_of(case["name"])])
+
+
 @pytest.mark.ddp
 def test_lightning_ddp_two_processes_resume_exactly(tokens_dir: Path, tmp_path: Path) -> None:
     """Packed ranks yield different numbers of batches (docs/tokens.md, "Under DDP"), so DDP
@@ -93,6 +146,29 @@ def test_lightning_ddp_two_processes_resume_exactly(tokens_dir: Path, tmp_path: 
     train_and_resume(launch_job, torchrun(2, JOB), [case], tmp_path)
     for rank in range(2):
         assert_exact(tmp_path, case, rank, 2)
+
+
+@pytest.mark.ddp
+def test_lightning_ddp_epochs_resume_exactly(
+    parquet_dir: Path, small_split: int, tmp_path: Path
+) -> None:
+    """2 processes (gloo), ``LoaderStatesPerRank``, 3 epochs, no ``set_epoch``: a checkpoint on
+    epoch 0's last step, and Lightning's default epoch-end one (whose loader states Lightning
+    does not load: the sampler's ``set_epoch`` moves each process's loader), process 0
+    SIGKILLed; each process trains every epoch of its share once, in its uninterrupted order."""
+    kwargs = rows_case(parquet_dir, small_split, 2)
+    epochs = [epochs_of(kwargs, rank, 2, epochs=3) for rank in range(2)]
+    n = len(epochs[0][0])
+    cases = [
+        {"name": "ddp-rows-w2-last", "kwargs": kwargs, "save_every": n, "crash_at": n + 2,
+         "epochs": 3},
+        {"name": "ddp-rows-w2-end", "kwargs": kwargs, "checkpoint": {}, "crash_at": n + 2,
+         "epochs": 3},
+    ]  # fmt: skip
+    train_and_resume(launch_job, torchrun(2, JOB), cases, tmp_path)
+    for case in cases:
+        for rank in range(2):
+            assert_epochs_continue(tmp_path / case["name"], epochs[rank], rank)
 
 
 def test_another_process_state_names_the_callback(parquet_dir: Path, small_split: int) -> None:

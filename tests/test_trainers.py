@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from _harness import make_loader
 from _launch import free_port, launch_job
 from _launch import torchrun as launch_torchrun
 from conftest import TOTAL_ROWS
+from trainers._common import case_kinds, epochs_of, loader_of, rows_case, trained_values
 
 TESTS = Path(__file__).parent
 ACCELERATE_JOB = TESTS / "trainers" / "accelerate_job.py"
@@ -266,3 +268,93 @@ def test_fabric_two_processes_resume_from_a_file_per_process(
     assert lost_and_repeated(delivered) == (0, 0)
     assert resumed[0]["fabric_only"] == {"batches": uninterrupted(fabric_case, 0, 2)[k:]}
     assert resumed[1]["fabric_only"] == {"error": "CheckpointMismatchError", "field": "rank"}
+
+
+# ----------------------------------------------------------------------------- epochs
+
+
+def readme_loop(loader: Any, epochs: int, save_after: int = -1) -> tuple[Batches, Any]:
+    """The README's loop over ``epochs``: what it trains, and the state taken after batch
+    ``save_after`` (1-based; -1: none)."""
+    dataset, trained, saved = loader.dataset, [], None
+    for epoch in range(dataset.epoch, epochs):
+        if epoch != dataset.epoch:
+            dataset.set_epoch(epoch)  # never for the epoch just resumed
+        for batch in loader:
+            trained.append(trained_values(batch))
+            if len(trained) == save_after:
+                saved = json.loads(json.dumps(loader.state_dict()))
+    return trained, saved
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("kind", ["rows", "packed"])
+def test_readme_loop_resumes_from_a_checkpoint_on_an_epochs_last_batch(
+    parquet_dir: Path, small_split: int, few_tokens: Path, kind: str, workers: int
+) -> None:
+    """A plain loop's state taken after an epoch's last batch resumes to the empty rest of
+    that epoch, and the README's loop goes on to the next: every epoch once, in order. Taken
+    by a loader a trainer drives (its sampler's ``set_epoch`` called), the state says
+    ``finished`` and continues with the next epoch: the README's loop trains the same."""
+    kwargs = case_kinds(parquet_dir, small_split, few_tokens)[kind, workers]
+    epochs = epochs_of(kwargs, epochs=3)
+    full = [batch for epoch in epochs for batch in epoch]
+    last = len(epochs[0]) + len(epochs[1])  # epoch 1's last batch
+    trained, plain = readme_loop(loader_of(kwargs), 3, save_after=last)
+    assert trained == full and "finished" not in plain
+    resumed = loader_of(kwargs)
+    resumed.load_state_dict(plain)
+    assert resumed.dataset.epoch == 1
+    assert readme_loop(resumed, 3)[0] == full[last:]
+    driven = loader_of(kwargs)
+    driven.sampler.set_epoch(0)  # as Lightning does
+    trained, saved = readme_loop(driven, 3, save_after=last)
+    assert trained == full and saved["finished"] is True
+    resumed = loader_of(kwargs)
+    resumed.load_state_dict(saved)
+    assert resumed.dataset.epoch == 2
+    assert readme_loop(resumed, 3)[0] == full[last:]
+    resumed.load_state_dict(saved)  # then set_epoch(2), as before this meaning: the same
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.dataset.set_epoch(2)
+    assert [trained_values(b) for b in resumed] == epochs[2]
+    for again in (1, 2):  # a loop counting epochs from the checkpoint's (1) trains one again
+        resumed.load_state_dict(saved)
+        if again == 2:
+            list(resumed)
+        with pytest.warns(UserWarning, match=rf"set_epoch\({again}\) trains epoch {again} again"):
+            resumed.dataset.set_epoch(again)
+
+
+def test_a_trainers_epoch_moves_the_loader_forward_only(
+    parquet_dir: Path, small_split: int
+) -> None:
+    """``loader.sampler.set_epoch(e)``, as Lightning calls it before each epoch's first batch
+    (after it created the iterator: without workers too the iteration begins at the first
+    ``next``), starts epoch ``e``; a resumed epoch and an earlier ``e`` (Fabric's count of
+    ``iter()`` calls in a resumed process) are left alone."""
+    kwargs = rows_case(parquet_dir, small_split, 0)
+    epochs = epochs_of(kwargs, epochs=3)
+    loader = loader_of(kwargs)
+    it = iter(loader)
+    loader.sampler.set_epoch(2)
+    assert [trained_values(b) for b in it] == epochs[2]
+    loader = loader_of(kwargs)
+    loader.load_state_dict(saved_after(kwargs, epoch=1, batches=4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "set_epoch after load_state_dict discards ..."
+        loader.sampler.set_epoch(0)
+        loader.sampler.set_epoch(1)
+    assert [trained_values(b) for b in loader] == epochs[1][4:]
+    assert loader.dataset.epoch == 1
+
+
+def saved_after(kwargs: dict[str, Any], *, epoch: int, batches: int) -> dict[str, Any]:
+    """The state after ``batches`` batches of ``epoch``."""
+    loader = loader_of(kwargs)
+    loader.dataset.set_epoch(epoch)
+    it = iter(loader)
+    for _ in range(batches):
+        trained_values(next(it))
+    return loader.state_dict()

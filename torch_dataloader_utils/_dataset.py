@@ -174,6 +174,8 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         self._handoff: Iteration | None = None  # the iteration our loader is starting
         self._progress: AnyProgress | None = None
         self._resumed = False
+        self._finished: int | None = None  # the epoch a loaded state had finished
+        self._trainer_epochs = False  # a trainer moves the epochs: states say ``finished``
 
     def _source(
         self,
@@ -340,12 +342,6 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         it ended, or starts again where it began, as far as this process knows either (a
         ``ValueError`` otherwise: load the state saved at the end of the epoch before)."""
         epoch = whole("epoch", epoch, at_least=0)  # -1 means "a resume" to persistent workers
-        start = self._carried(epoch)
-        packed_mixture = (
-            isinstance(self._epochs, MixedEpochs) and self._epochs.config.packing is not None
-        )
-        if start is None and epoch and packed_mixture:  # where its sources stand is unknown
-            raise ValueError(NO_CARRY.format(epoch=epoch))
         if self._resumed and epoch == self.epoch:
             warnings.warn(
                 f"set_epoch({epoch}) after load_state_dict discards the checkpoint's progress in "
@@ -353,6 +349,14 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
                 f"for the epochs after the resumed one.",
                 stacklevel=2,
             )
+        if self._after_finished(epoch):
+            return
+        start = self._carried(epoch)
+        packed_mixture = (
+            isinstance(self._epochs, MixedEpochs) and self._epochs.config.packing is not None
+        )
+        if start is None and epoch and packed_mixture:  # where its sources stand is unknown
+            raise ValueError(NO_CARRY.format(epoch=epoch))
         self._start = start or Start.fresh(epoch)
         self._progress = None
         self._resumed = False
@@ -380,7 +384,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
     def state_dict(self) -> dict[str, Any]:
         """What the training loop has been handed in this epoch, by content (JSON-safe)."""
         if self._progress is not None:
-            return _encoded(self._epochs, self._progress)
+            return _encoded(self._epochs, self._progress, self._trainer_epochs)
         return self._start_state(self._start)
 
     def _start_state(self, start: Start) -> dict[str, Any]:
@@ -428,6 +432,13 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         self._start = start
         self._progress = None
         self._resumed = True
+        self._finished = None
+        given = [state] if isinstance(state, Mapping) else list(state)
+        if all(s.get(FINISHED) is True for s in given) and self._ended():
+            # taken after the epoch's last batch: the next epoch comes next
+            self._finished = self.epoch
+            self._start = self._carried(self.epoch + 1) or Start.fresh(self.epoch + 1)
+            self._resumed = False
 
     def save_state_global(self, dst_rank: int = 0) -> list[dict[str, Any]] | None:
         """Collective: every rank's ``state_dict()`` on ``dst_rank`` (``None`` elsewhere)."""
@@ -470,6 +481,40 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         """The DataLoader's ``num_workers``: for sure inside a worker, else our loader's."""
         worker = detect_worker()
         return worker[1] if worker is not None else self._loader_workers
+
+    def _after_finished(self, epoch: int) -> bool:
+        """``set_epoch(epoch)`` after loading a state taken at the end of an epoch ``f``, which
+        continues with epoch ``f + 1``: for ``f + 1`` not iterated yet, already there (True:
+        nothing to do, as before this meaning of the state). Warns where it trains an epoch
+        again: ``f``, or ``f + 1`` iterated since (a loop counting epochs from the
+        checkpoint's instead of ``dataset.epoch``)."""
+        finished, self._finished = self._finished, None
+        if finished is None or epoch not in (finished, finished + 1):
+            return False
+        if epoch == finished + 1 and self._progress is None:
+            return True
+        since = ", iterated since" if epoch == finished + 1 else ""
+        warnings.warn(
+            f"set_epoch({epoch}) trains epoch {epoch} again: the state loaded was taken at the "
+            f"end of epoch {finished} and continued with epoch {finished + 1}{since}. After "
+            f"load_state_dict count epochs from dataset.epoch (README) and call set_epoch only "
+            f"for the ones after it.",
+            stacklevel=3,
+        )
+        return False
+
+    def _ended(self) -> bool:
+        """Whether the next iteration starts at the end of its epoch (a loaded state taken
+        after the epoch's last batch): it would hand out nothing."""
+        start = self._start
+        if start.positions is None and not start.generations:
+            return False
+        if start.positions is not None and None in start.positions:  # a worker copy's state
+            return False
+        workers = self._known_workers()
+        if workers is None:  # no loader yet: the state's own
+            workers = start.checkpoint_workers or 0
+        return self._epochs.begin(start, workers).ended()
 
     # ----------------------------------------------------------------- iteration
 
@@ -534,7 +579,7 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
             return self._start_state(mark.start)
         then = replace(mark.progress, positions=dict(mark.positions), cursor=mark.cursor)
         then._entries = {}
-        return _encoded(self._epochs, then)
+        return _encoded(self._epochs, then, self._trainer_epochs)
 
     @property
     def _next_start(self) -> Start:
@@ -644,12 +689,27 @@ def _check_policies(timeline: Timeline, config: DatasetConfig, lockstep: bool) -
         )
 
 
-def _encoded(epochs: Epochs | MixedEpochs, progress: AnyProgress) -> dict[str, Any]:
-    """The state dict of ``progress``."""
+def _encoded(
+    epochs: Epochs | MixedEpochs, progress: AnyProgress, trainer_epochs: bool
+) -> dict[str, Any]:
+    """The state dict of ``progress``; with ``trainer_epochs``, ``FINISHED`` once every stream
+    has finished its epoch."""
     if isinstance(progress, MixedProgress):
-        return encode_mixture(progress.mix, progress)
-    assert isinstance(epochs, Epochs)
-    return epochs.encode(progress)
+        state = encode_mixture(progress.mix, progress)
+    else:
+        assert isinstance(epochs, Epochs)
+        state = epochs.encode(progress)
+    if trainer_epochs and progress.ended():
+        state[FINISHED] = True
+    return state
+
+
+# The key of a state taken after its epoch's last batch by a loader whose epochs a trainer
+# moves (Lightning and Fabric through the sampler's set_epoch, StructuredTrainer): loaded, it
+# continues with the next epoch, for a trainer restores it as mid-epoch and may read from the
+# loader before it moves the epoch. Any other state taken there resumes to the empty rest of
+# its epoch (a loop's own set_epoch then starts the next).
+FINISHED = "finished"
 
 
 def _log_start(progress: AnyProgress) -> None:

@@ -101,6 +101,13 @@ class Progress:
     def left_out(self) -> int:
         return self.plan.deal.left_out().total
 
+    def ended(self) -> bool:
+        """Whether every stream of the rank has handed out its whole share of the epoch."""
+        positions = self.positions
+        return len(positions) == self.settings.streams_per_rank and all(
+            int(p) >= self.orders[w].total for w, p in positions.items()
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class Epochs:

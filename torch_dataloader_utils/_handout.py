@@ -71,6 +71,10 @@ class HandOuts:
             self._marks.pop(n, None)
         self._read = max(self._read, number)
 
+    def none_read(self) -> bool:
+        """Whether batches were handed out and the loop has read none of them yet."""
+        return self._handed > 0 and not self._read
+
     def unread(self) -> tuple[int, Mark | None] | None:
         """How many batches the loop holds unread ahead of one it has read, and the mark
         before the first of them (``None``: more than ``KEEP`` ahead, no longer kept);

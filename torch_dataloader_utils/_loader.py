@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import time
 import warnings
@@ -56,21 +57,26 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
             )
         kwargs = loader_options(kwargs)  # builtins: "false" is not False, "2" not 2
         super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
+        # DataLoader refuses a sampler for an IterableDataset and any later assignment
+        object.__setattr__(self, "sampler", _EpochSampler(self))
         dataset._attach_loader(self.num_workers)
         self._slots: SharedSlots | None = None
         self._handouts: HandOuts | None = None  # the current iteration's
         self._recorder = Recorder(self.num_workers)  # the current iteration's timings
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        batches: Iterator[Any]
-        if self.num_workers == 0:
-            with self.dataset._iteration(0):  # the DataLoader calls iter(dataset) at once
-                batches = super().__iter__()
-        else:
-            batches = self._unpacked()
+        batches = self._unpacked() if self.num_workers else self._in_process()
         self._handouts = HandOuts()
         self._recorder = Recorder(self.num_workers)
         return _handed_out(batches, self.dataset, self._handouts, self._recorder)
+
+    def _in_process(self) -> Iterator[Any]:
+        """Without workers: a generator, so that, as with workers, the iteration begins at the
+        first ``next``, not at ``iter()``. A trainer may create the iterator before it moves
+        the dataset to its epoch (Lightning does, then calls ``sampler.set_epoch``)."""
+        with self.dataset._iteration(0):  # the DataLoader calls iter(dataset) at once
+            batches = super().__iter__()
+        yield from batches
 
     def _unpacked(self) -> Iterator[Any]:
         """Batches in strict round-robin over workers from the cursor, whatever the packet sizes.
@@ -248,6 +254,52 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
 # rebuilding a plain DataLoader over the dataset, which reads a batch ahead and never records
 # what workers delivered (docs/trainers.md; tests/test_trainers.py).
 setattr(StructuredDataLoader, ACCELERATE_PREPARED, True)
+
+
+class _EpochSampler(torch.utils.data.Sampler[None]):
+    """Our loader's ``sampler``: it samples nothing (the dataset orders and batches its rows),
+    but its ``set_epoch`` is how trainers that move samplers to their epoch move the dataset:
+    Lightning's ``Trainer`` before each epoch's first batch, with the epoch it trains (also
+    after a resume), and Fabric's loader at each ``iter()``, with the number of earlier
+    ``iter()`` calls (docs/trainers.md)."""
+
+    def __init__(self, loader: StructuredDataLoader) -> None:
+        self._loader = loader
+
+    def __iter__(self) -> Iterator[None]:
+        return itertools.repeat(None)
+
+    def set_epoch(self, epoch: int) -> None:
+        """A trainer begins its epoch ``epoch``: ``dataset.set_epoch(epoch)`` if that is later
+        than the dataset's, else nothing (the dataset is in that epoch already, resumed or
+        fresh; or the trainer's count restarted behind it in a resumed process). From now on
+        a state taken after an epoch's last batch says ``finished``."""
+        loader = self._loader
+        dataset = loader.dataset
+        dataset._trainer_epochs = True
+        if epoch <= dataset.epoch:
+            return
+        handouts, progress = loader._handouts, dataset._progress
+        if (
+            handouts is not None
+            and progress is not None
+            and handouts.progress is progress
+            and handouts.none_read()
+            and not progress.ended()
+        ):  # an iteration running, its batches held unread: they are of the epoch before
+            raise RuntimeError(_READ_BEFORE_EPOCH.format(epoch=epoch, began=dataset.epoch))
+        dataset.set_epoch(epoch)
+
+
+# Lightning, resumed from an epoch-end checkpoint, does not load the loader's state (nothing
+# to restart, it thinks) and, when the loader has no len(), reads a batch before moving it.
+_READ_BEFORE_EPOCH = (
+    "the trainer moves the loader to epoch {epoch} after it read a batch of epoch {began} "
+    "ahead: training on would repeat epoch {began}. Lightning's Trainer does so when the "
+    "loader has no len() (token packing) and it resumes from a checkpoint saved at an epoch's "
+    "end, whose loader state it does not load. Resume from a checkpoint of "
+    "ModelCheckpoint(every_n_train_steps=...) instead (docs/trainers.md)"
+)
 
 
 def _handed_out(

@@ -280,6 +280,13 @@ class MixedProgress:
         )
         return int(min(length, max(0, end - first)))
 
+    def ended(self) -> bool:
+        """Whether every stream of the rank has handed out all its positions of the epoch."""
+        positions = self.positions
+        return len(positions) == max(1, self.num_workers) and all(
+            int(p) >= self.total(w) for w, p in positions.items()
+        )
+
     def places(self, worker: int, position: int) -> list[SourcePlace]:
         """Where stream ``worker`` stands in each source after ``position`` rows of the epoch."""
         if isinstance(position, MixPosition):

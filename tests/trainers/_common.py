@@ -51,6 +51,12 @@ def recorded(path: Path) -> list[list[int]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def note_resumed_from(log: Path, trained: int) -> None:
+    """Next to a resumed run's ``log``: the batches trained before the checkpoint it resumed
+    from was saved (``resumed_from``)."""
+    log.with_suffix(".from").write_text(json.dumps(trained))
+
+
 def run_job(run_case: Callable[[dict[str, Any], dict[str, Any], int], None]) -> None:
     """``run_case(job, case, rank)`` for every case of the job file ``sys.argv[1]``; then,
     with ``kill``, process 0 dies by SIGKILL (no teardown; torchrun ends the others)."""
@@ -102,6 +108,26 @@ def rows_case(parquet_dir: Path, split_bytes: int, workers: int) -> dict[str, An
     }  # fmt: skip
 
 
+def case_kinds(
+    parquet_dir: Path, split_bytes: int, tokens_dir: Path
+) -> dict[tuple[str, int], dict[str, Any]]:
+    """``rows_case`` and ``packed_case`` with 0 and 2 workers, by ``("rows" or "packed",
+    workers)``."""
+    return {
+        (kind, workers): rows_case(parquet_dir, split_bytes, workers)
+        if kind == "rows"
+        else packed_case(tokens_dir, workers)
+        for kind in ("rows", "packed")
+        for workers in (0, 2)
+    }
+
+
+def kind_of(name: str) -> tuple[str, int]:
+    """The ``case_kinds`` key of a case named ``<kind>-w<workers>-...``."""
+    kind, workers = name.split("-")[:2]
+    return kind, int(workers.removeprefix("w"))
+
+
 def uninterrupted(
     kwargs: dict[str, Any], rank: int = 0, world_size: int = 1, epochs: int = 1
 ) -> list[list[int]]:
@@ -112,6 +138,39 @@ def uninterrupted(
         loader.dataset.set_epoch(epoch)
         batches += [trained_values(b) for b in loader]
     return batches
+
+
+def epochs_of(
+    kwargs: dict[str, Any], rank: int = 0, world_size: int = 1, epochs: int = 1
+) -> list[list[list[int]]]:
+    """Each epoch's batches (``uninterrupted``, one list per epoch)."""
+    loader = loader_of({**kwargs, "rank": rank, "world_size": world_size})
+    out = []
+    for epoch in range(epochs):
+        loader.dataset.set_epoch(epoch)
+        out.append([trained_values(b) for b in loader])
+    return out
+
+
+def resumed_from(out: Path, rank: int = 0) -> int:
+    """The batches the checkpoint that rank ``rank`` resumed from had seen trained."""
+    return int(json.loads((out / f"resume-rank{rank}.from").read_text()))
+
+
+def assert_epochs_continue(out: Path, epochs: list[list[list[int]]], rank: int = 0) -> None:
+    """What was trained before the checkpoint resumed from, then after the resume, is every
+    epoch's batches in the uninterrupted order: 0 lost, 0 repeated. The message counts, per
+    epoch, the batches of that epoch trained (an epoch skipped: 0 of n; replayed: 2n)."""
+    full = [batch for epoch in epochs for batch in epoch]
+    train = recorded(out / f"train-rank{rank}.jsonl")
+    saved = resumed_from(out, rank)
+    assert len(train) > saved, (out.name, rank, "no crash after the checkpoint", len(train), saved)
+    assert train == full[: len(train)], (out.name, rank, "the run before the crash differs")
+    done = train[:saved] + recorded(out / f"resume-rank{rank}.jsonl")
+    epoch_of = {tuple(batch): e for e, batches in enumerate(epochs) for batch in batches}
+    counts = Counter(epoch_of.get(tuple(batch), -1) for batch in done)
+    trained = ", ".join(f"epoch {e}: {counts[e]} of {len(b)}" for e, b in enumerate(epochs))
+    assert done == full, f"{out.name}, rank {rank}, resumed after {saved} batches: {trained}"
 
 
 def assert_continues(

@@ -8,10 +8,14 @@ than one process, ``LoaderStatesPerRank()``. Run with ``python`` (one process) o
 - ``train``: ``fit`` until optimizer step ``crash_at``, where the step raises (a crash: no
   checkpoint then, the batches after the last checkpoint are lost). After the last case,
   with ``kill``, process 0 dies by SIGKILL.
-- ``resume``: a new ``Trainer``, ``fit(ckpt_path=...)`` (``"last"``, or the checkpoint of step
-  ``save_every``), to the end of the epoch.
+- ``resume``: a new ``Trainer``, ``fit(ckpt_path=...)`` (``"last"``, or a checkpoint's file
+  name), to the end of ``epochs`` (default 1); with ``raises``, the ``RuntimeError`` it raises
+  is written to ``resume-rank<r>.error``.
 
-Each step records what it trained on (``_common.record``).
+Checkpoints: ``ModelCheckpoint(every_n_train_steps=save_every)``, or ``checkpoint``'s keyword
+arguments (``{}``: Lightning's default, at each epoch's end). Each step records what it
+trained on (``_common.record``); each checkpoint holds how many batches the run had trained
+(``TRAINED``), which the resumed run notes (``note_resumed_from``): where it must continue.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ from typing import Any
 
 import lightning as L
 import torch
-from _common import loader_of, record, run_job, trained_values
+from _common import loader_of, note_resumed_from, record, run_job, trained_values
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from torch_dataloader_utils.integrations.lightning import LoaderStatesPerRank
+
+# The checkpoint's key for the batches the run had trained when it was saved.
+TRAINED = "test_batches_trained"
 
 
 class Crash(Exception):
@@ -37,6 +44,14 @@ class Tiny(L.LightningModule):
         super().__init__()
         self.case, self.record_to, self.crash_at = case, log, crash_at
         self.layer = torch.nn.Linear(1, 1)
+        self.trained = 0
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[TRAINED] = self.trained
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if TRAINED in checkpoint:
+            note_resumed_from(self.record_to, checkpoint[TRAINED])
 
     def train_dataloader(self) -> Any:
         return loader_of(self.case["kwargs"])
@@ -46,6 +61,7 @@ class Tiny(L.LightningModule):
             raise Crash(f"crash at step {self.global_step}")
         values = trained_values(batch)
         record(self.record_to, values)
+        self.trained += 1
         x = torch.tensor([[float(len(values))]])
         return self.layer(x).pow(2).mean() * 1e-6
 
@@ -61,16 +77,16 @@ class Tiny(L.LightningModule):
 
 def trainer(case: dict[str, Any], ckpt_dir: Path) -> L.Trainer:
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    checkpoint = case.get("checkpoint")
+    if checkpoint is None:
+        checkpoint = {"every_n_train_steps": case["save_every"], "save_top_k": -1}
     return L.Trainer(
         accelerator="cpu",
         devices=world,
         strategy="ddp" if world > 1 else "auto",
-        max_epochs=1,
+        max_epochs=case.get("epochs", 1),
         callbacks=[
-            ModelCheckpoint(
-                dirpath=ckpt_dir, every_n_train_steps=case["save_every"], save_top_k=-1,
-                save_last=True,
-            ),
+            ModelCheckpoint(dirpath=ckpt_dir, save_last=True, **checkpoint),
             *([LoaderStatesPerRank()] if world > 1 else []),  # DDP: every process's state
         ],
         logger=False,
@@ -89,11 +105,16 @@ def run_case(job: dict[str, Any], case: dict[str, Any], rank: int) -> None:
             trainer(case, out / "ckpt").fit(Tiny(case, log, case["crash_at"]))
         except Crash:
             return
-        raise AssertionError(f"{case['name']}: the epoch ended before step {case['crash_at']}")
+        raise AssertionError(f"{case['name']}: training ended before step {case['crash_at']}")
     ckpt = case.get("ckpt_path", "last")
     if ckpt != "last":
         ckpt = str(out / "ckpt" / ckpt)
-    trainer(case, out / "ckpt").fit(Tiny(case, log, None), ckpt_path=ckpt)
+    try:
+        trainer(case, out / "ckpt").fit(Tiny(case, log, None), ckpt_path=ckpt)
+    except RuntimeError as exc:
+        if not case.get("raises"):
+            raise
+        (out / f"resume-rank{rank}.error").write_text(str(exc))
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ class StructuredTrainerMixin(_Base):
             )
         super().__init__(*args, **kwargs)
         self.structured_loader = train_dataloader
+        train_dataloader.dataset._trainer_epochs = True  # epoch-end states say "finished"
         self.args.ignore_data_skip = True  # the loader resumes from its state, not by skipping
         self.add_callback(_LoaderCheckpoints(train_dataloader))
 
@@ -103,10 +104,13 @@ class _LoaderCheckpoints(TrainerCallback):
     ) -> None:
         dataset = self.loader.dataset
         self._epochs_begun += 1
-        if self._epochs_begun > 1:
+        # The Trainer's epoch number cannot say where the loader stands: without a len()
+        # (packing) it counts max_steps as an epoch. Each of its epochs iterates the loader to
+        # its end, so the loader's next epoch follows each one; the first of a run continues
+        # the loader (a state saved "finished" continues with the next epoch by itself; one
+        # saved at an epoch's end before that key existed is moved on here).
+        if self._epochs_begun > 1 or dataset._ended():
             dataset.set_epoch(dataset.epoch + 1)
-        elif int(state.epoch or 0) > dataset.epoch:  # resumed at the end of an epoch
-            dataset.set_epoch(int(state.epoch or 0))
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any

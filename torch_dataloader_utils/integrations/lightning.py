@@ -1,11 +1,12 @@
 """Lightning ``Trainer``: every process's loader state in the checkpoint.
 
 With one process Lightning needs nothing: it saves ``loader.state_dict()`` in its checkpoint
-and loads it on ``fit(ckpt_path=...)``, and the loader leaves out the batch Lightning's fetcher
-holds ahead when the loader has no ``len()``. With several processes (DDP) Lightning writes
-the checkpoint of process 0 only, so every process would load process 0's state (and refuse
-it: ``CheckpointMismatchError``). ``LoaderStatesPerRank`` gathers each process's states into
-the checkpoint and gives each its own back on load.
+and loads it on ``fit(ckpt_path=...)``, the loader leaves out the batch Lightning's fetcher
+holds ahead when the loader has no ``len()``, and Lightning's ``sampler.set_epoch`` at each
+epoch's start moves the loader to its epoch (docs/trainers.md, "Epochs"). With several
+processes (DDP) Lightning writes the checkpoint of process 0 only, so every process would
+load process 0's state (and refuse it: ``CheckpointMismatchError``). ``LoaderStatesPerRank``
+gathers each process's states into the checkpoint and gives each its own back on load.
 """
 
 from __future__ import annotations
