@@ -342,13 +342,6 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         it ended, or starts again where it began, as far as this process knows either (a
         ``ValueError`` otherwise: load the state saved at the end of the epoch before)."""
         epoch = whole("epoch", epoch, at_least=0)  # -1 means "a resume" to persistent workers
-        if self._resumed and epoch == self.epoch:
-            warnings.warn(
-                f"set_epoch({epoch}) after load_state_dict discards the checkpoint's progress in "
-                f"epoch {epoch}; the epoch restarts from its first batch. Call set_epoch only "
-                f"for the epochs after the resumed one.",
-                stacklevel=2,
-            )
         if self._after_finished(epoch):
             return
         start = self._carried(epoch)
@@ -357,6 +350,13 @@ class StructuredDataset(torch.utils.data.IterableDataset[Any]):
         )
         if start is None and epoch and packed_mixture:  # where its sources stand is unknown
             raise ValueError(NO_CARRY.format(epoch=epoch))
+        if self._resumed and epoch == self.epoch:
+            warnings.warn(
+                f"set_epoch({epoch}) after load_state_dict discards the checkpoint's progress in "
+                f"epoch {epoch}; the epoch restarts from its first batch. Call set_epoch only "
+                f"for the epochs after the resumed one.",
+                stacklevel=2,
+            )
         self._start = start or Start.fresh(epoch)
         self._progress = None
         self._resumed = False
