@@ -136,8 +136,8 @@ def _load_elastic(
     rests = stored_rests(first, mix)
     sources = tuple(replace(epochs, world_size=old_world) for epochs in mix.sources)
     old = replace(
-        mix, world_size=old_world, sources=sources, rests=rests, _orders={}, _shares={},
-        _settings_states={},
+        mix, world_size=old_world, even_batches=first["_even_batches"], sources=sources,
+        rests=rests, _orders={}, _shares={}, _settings_states={},
     )  # fmt: skip
     ordinals = np.zeros((len(mix.names), old_world * streams), dtype=np.int64)
     tokens = np.zeros_like(ordinals)  # packed: of each old stream's next row, delivered
