@@ -101,10 +101,10 @@ def permuted(position: int, rows: int, key: int) -> int:
             return x
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=16384)
 def _int_rounds(key: int) -> tuple[tuple[int, int], ...]:
     """``(add, multiplier)`` of each round keyed by ``key``, as Python ints (a state asks for
-    the same few keys, its streams' windows, at every call)."""
+    the same keys, a window of each of its streams of each source, at every call)."""
     return tuple(
         (_splitmix64_int(key + n) & 0xFFFFFFFF, multiplier)
         for n, multiplier in enumerate(_MULTIPLIERS)
