@@ -17,7 +17,8 @@ from test_mixing import (
     write_source,
 )
 
-from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
+from torch_dataloader_utils import CheckpointMismatchError, InvalidStateError, StructuredDataset
+from torch_dataloader_utils._mix_state import expanded
 
 SOURCES = 100
 # Sources of 20 and 40 rows weighed 1 and 2: an epoch of their 3,000 rows is 20 periods of
@@ -58,6 +59,27 @@ def test_a_hundred_sources_resume_exactly_at_a_random_batch(
     assert len(json.dumps(state)) <= 64 * 1024
     assert state["source_settings"]["_format"] == "parquet"
     assert "_format" not in state["sources"]["s000"]
+
+
+def test_a_state_with_every_source_whole_loads_as_before(paths: dict[str, str]) -> None:
+    """A state written before ``source_settings`` (each source's state whole) resumes the
+    same; one whose source lacks a shared key without it is refused naming both keys."""
+    loader, _ = StructuredDataset.create_dataloader(paths, weights=weights(paths), **KWARGS)
+    it = iter(loader)
+    for _ in range(7):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    expected = [batch["id"].tolist() for batch in it]
+    whole = {k: v for k, v in expanded(state).items() if k != "source_settings"}
+    assert whole["sources"]["s001"]["_format"] == "parquet"
+    fresh, _ = StructuredDataset.create_dataloader(paths, weights=weights(paths), **KWARGS)
+    fresh.load_state_dict(whole)
+    assert [batch["id"].tolist() for batch in fresh] == expected
+    del whole["sources"]["s001"]["_shuffle"]
+    with pytest.raises(
+        InvalidStateError, match=r"'source_settings' is missing.*'s001'.*'_shuffle'"
+    ):
+        fresh.load_state_dict(whole)
 
 
 def test_a_hundred_sources_resume_elastically_on_another_number_of_workers(

@@ -18,7 +18,7 @@ A mixture's state is plain JSON-safe builtins::
                   and per worker stream its place in its share of the source's epoch, by
                   content), whose "epoch" is the source epoch of the first stream, and
                   "epochs": the source epoch of each worker stream; the source's files make
-                  at most 256 / (number of sources) groups}
+                  at most max(1, 256 // number of sources) groups}
     source_settings  {key: value} of ``SHARED_KEYS`` that every source's state holds alike,
                   written here once and left out of each (optional: a state without it
                   holds them in each source's)
