@@ -37,7 +37,7 @@ from ._order import StreamOrder
 from ._phases import Phase, phase_counts, phase_interleave, phase_sources, phases, stream_end
 from ._plan import Deal, Generation, IntArray, Pieces
 from ._schedule import Interleave, Schedule
-from ._state import StreamEntry, check_setting, encode_stream
+from ._state import check_setting, stream_list
 
 __all__ = [
     "NO_CARRY",
@@ -300,8 +300,9 @@ class MixedProgress:
                 self.mix.place(s, self.stream(worker), row, self.num_workers, tokens)
                 for s, (row, tokens) in enumerate(position.sources)
             ]
+        place, stream, workers = self.mix.place, self.stream(worker), self.num_workers
         return [
-            self.mix.place(s, self.stream(worker), int(n), self.num_workers)
+            place(s, stream, n, workers)
             for s, n in enumerate(self.counts(worker, position).tolist())
         ]
 
@@ -311,11 +312,13 @@ class MixedProgress:
         position = self.positions[worker]
         kept = self._entries.get(worker)
         if kept is None or kept[0] != position:
-            entries = []
-            for s, place in enumerate(self.places(worker, position)):
+            entries: list[tuple[int, list[Any] | None]] = []
+            for place, epochs in zip(self.places(worker, position), self.mix.sources, strict=True):
                 order, offset = place.order, place.offset
-                entry = StreamEntry(offset, place.tokens, order.total, order.row_at(offset))
-                entries.append((place.epoch, encode_stream(entry, self.mix.sources[s].index)))
+                entry = stream_list(
+                    offset, place.tokens, order.total, order.row_at(offset), epochs.index
+                )
+                entries.append((place.epoch, entry))
             self._entries[worker] = kept = (position, entries)
         return kept[1]
 

@@ -69,6 +69,7 @@ __all__ = [
     "misplaced",
     "one_job",
     "stored_split",
+    "stream_list",
 ]
 
 STATE_VERSION = 6
@@ -184,11 +185,17 @@ def encode(
 def encode_stream(entry: StreamEntry | None, index: DatasetIndex) -> list[Any] | None:
     if entry is None:
         return None
-    head = [entry.position, entry.tokens, entry.rows]
-    if entry.next_row is None:
-        return head
-    split, row = entry.next_row
-    return [*head, *_split_key(split, index), row]
+    return stream_list(entry.position, entry.tokens, entry.rows, entry.next_row, index)
+
+
+def stream_list(
+    position: int, tokens: int, rows: int, next_row: tuple[int, int] | None, index: DatasetIndex
+) -> list[Any]:
+    """A stream entry as a state writes it (a mixture's, one per source at every call)."""
+    if next_row is None:
+        return [position, tokens, rows]
+    split, row = next_row
+    return [position, tokens, rows, *_split_key(split, index), row]
 
 
 def encode_generation(generation: Generation) -> list[Any]:
