@@ -145,18 +145,26 @@ class DatasetIndex:
         """Content address of the whole file list (names and fingerprints, in order)."""
         return _digest(f"{f.name}\0{f.fingerprint}" for f in self.files)
 
-    def file_groups(self) -> list[list[object]]:
-        """``[first name, last name, count, digest]`` for up to ``MAX_FILE_GROUPS`` file runs."""
-        return [list(group) for group in self._file_groups]
+    def file_groups(self, groups: int = MAX_FILE_GROUPS, *, size: int = 0) -> list[list[object]]:
+        """``[first name, last name, count, digest]`` for up to ``groups`` file runs (or runs of
+        ``size`` files: how a stored state grouped them)."""
+        size = size or self.group_size(groups)
+        if size not in self._file_groups:
+            runs = [self.files[i : i + size] for i in range(0, len(self.files), size)]
+            self._file_groups[size] = tuple(
+                (run[0].name, run[-1].name, len(run), _digest(f.fingerprint for f in run))
+                for run in runs
+            )
+        return [list(group) for group in self._file_groups[size]]
+
+    def group_size(self, groups: int) -> int:
+        """Files of a run when the files make at most ``groups`` runs."""
+        return max(1, math.ceil(len(self.files) / max(1, groups)))
 
     @cached_property
-    def _file_groups(self) -> tuple[tuple[object, ...], ...]:
-        size = max(1, math.ceil(len(self.files) / MAX_FILE_GROUPS))
-        runs = [self.files[i : i + size] for i in range(0, len(self.files), size)]
-        return tuple(
-            (run[0].name, run[-1].name, len(run), _digest(f.fingerprint for f in run))
-            for run in runs
-        )
+    def _file_groups(self) -> dict[int, tuple[tuple[object, ...], ...]]:
+        """The groups of runs of each size asked for (a state is written at every step)."""
+        return {}
 
     @cached_property
     def _file_by_name(self) -> dict[str, int]:

@@ -32,14 +32,16 @@ import xxhash
 from ._config import DatasetConfig
 from ._epoch import Epochs, Progress, Start
 from ._errors import InvalidStateError
+from ._index import MAX_FILE_GROUPS
 from ._order import StreamOrder
 from ._phases import Phase, phase_counts, phase_interleave, phase_sources, phases, stream_end
 from ._plan import Deal, Generation, IntArray, Pieces
 from ._schedule import Interleave, Schedule
-from ._state import StreamEntry, check_setting, encode_stream
+from ._state import check_setting, stream_list
 
 __all__ = [
     "NO_CARRY",
+    "SHARED_KEYS",
     "AnyProgress",
     "MixPosition",
     "MixedEpochs",
@@ -61,8 +63,16 @@ NO_CARRY = (
     "began in this process): load that state, or begin at epoch 0"
 )
 
-# Stream orders a mixture keeps: a few per source and stream (its epoch and the next).
+# Stream orders a mixture keeps at least (its epoch and the next of each source and stream).
 _KEPT_ORDERS = 256
+# Keys of a source's state that a mixture's state writes once when every source's are alike.
+SHARED_KEYS = (
+    "version", "_num_workers", "_shuffle", "_split_bytes", "_rank", "_world_size", "_format",
+    "_even_batches", "_shuffle_memory_bytes", "_shuffle_window_rows", "_packing", "generations",
+    "cursor",
+)  # fmt: skip
+# What every source's state holds alike, and each source's own settings and files.
+SettingsStates = tuple[dict[str, Any], tuple[dict[str, Any], ...]]
 
 
 def source_seed(seed: int, name: str) -> int:
@@ -109,6 +119,9 @@ class SourceRest:
 
     epochs: tuple[tuple[int, tuple[Generation, ...]], ...] = ()
     fresh: int = 0
+
+
+_NO_REST = SourceRest()
 
 
 @dataclass(frozen=True)
@@ -294,8 +307,9 @@ class MixedProgress:
                 self.mix.place(s, self.stream(worker), row, self.num_workers, tokens)
                 for s, (row, tokens) in enumerate(position.sources)
             ]
+        place, stream, workers = self.mix.place, self.stream(worker), self.num_workers
         return [
-            self.mix.place(s, self.stream(worker), int(n), self.num_workers)
+            place(s, stream, n, workers)
             for s, n in enumerate(self.counts(worker, position).tolist())
         ]
 
@@ -305,11 +319,13 @@ class MixedProgress:
         position = self.positions[worker]
         kept = self._entries.get(worker)
         if kept is None or kept[0] != position:
-            entries = []
-            for s, place in enumerate(self.places(worker, position)):
+            entries: list[tuple[int, list[Any] | None]] = []
+            for place, epochs in zip(self.places(worker, position), self.mix.sources, strict=True):
                 order, offset = place.order, place.offset
-                entry = StreamEntry(offset, place.tokens, order.total, order.row_at(offset))
-                entries.append((place.epoch, encode_stream(entry, self.mix.sources[s].index)))
+                entry = stream_list(
+                    offset, place.tokens, order.total, order.row_at(offset), epochs.index
+                )
+                entries.append((place.epoch, entry))
             self._entries[worker] = kept = (position, entries)
         return kept[1]
 
@@ -334,7 +350,7 @@ class MixedEpochs:
     _shares: dict[tuple[int, int, int], int] = field(
         default_factory=dict, compare=False, repr=False
     )
-    _settings_states: dict[tuple[int, int], dict[str, Any]] = field(
+    _settings_states: dict[int, SettingsStates] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -384,14 +400,17 @@ class MixedEpochs:
         return lengths - lengths % self.config.batch_size
 
     def rest(self, source: int) -> SourceRest:
-        return self.rests[source] if self.rests else SourceRest()
+        return self.rests[source] if self.rests else _NO_REST
 
     def place(
         self, source: int, stream: int, ordinal: int, num_workers: int, tokens: int = 0
     ) -> SourcePlace:
         """Where row ``ordinal`` of source ``source`` is for stream ``stream``: in an epoch an
         elastic resume left (``rest``), or in one dealt afresh."""
-        return next(self.places_from(source, stream, ordinal, num_workers, tokens))
+        rest = self.rest(source)
+        if rest.epochs:
+            return next(self.places_from(source, stream, ordinal, num_workers, tokens))
+        return self._fresh_place(source, stream, ordinal, num_workers, tokens)
 
     def places_from(
         self, source: int, stream: int, ordinal: int, num_workers: int, tokens: int = 0
@@ -406,13 +425,19 @@ class MixedEpochs:
                 ordinal, tokens = 0, 0
             else:
                 ordinal -= order.total
-        share = self.share(source, stream, num_workers)
-        epoch, offset = divmod(ordinal, share)
-        for number in itertools.count(rest.fresh + epoch):
-            yield SourcePlace(
-                number, self.order(source, stream, number, num_workers), offset, tokens
-            )
-            offset, tokens = 0, 0
+        first = self._fresh_place(source, stream, ordinal, num_workers, tokens)
+        yield first
+        for number in itertools.count(first.epoch + 1):
+            yield SourcePlace(number, self.order(source, stream, number, num_workers), 0)
+
+    def _fresh_place(
+        self, source: int, stream: int, ordinal: int, num_workers: int, tokens: int
+    ) -> SourcePlace:
+        """Row ``ordinal`` of the source's epochs dealt afresh (after any an elastic resume
+        left), for stream ``stream``."""
+        epoch, offset = divmod(ordinal, self.share(source, stream, num_workers))
+        epoch += self.rest(source).fresh
+        return SourcePlace(epoch, self.order(source, stream, epoch, num_workers), offset, tokens)
 
     def skips(self, source: int, stream: int, num_workers: int) -> dict[int, int]:
         """Rows (over all the source's epochs) an elastic resume's deal cut mid-document, with
@@ -447,7 +472,9 @@ class MixedEpochs:
             deals = dict(self.rest(source).epochs).get(epoch, ())
             plan = epochs.plan(Start(epoch=epoch, generations=deals), num_workers)
             order = epochs.order(plan, stream)
-            if len(self._orders) >= _KEPT_ORDERS:
+            # every stream of this process in two epochs of each source: a state names them all
+            kept = max(_KEPT_ORDERS, 2 * max(1, num_workers) * len(self.sources))
+            if len(self._orders) >= kept:
                 del self._orders[next(iter(self._orders))]
             self._orders[key] = order
         return order
@@ -523,16 +550,25 @@ class MixedEpochs:
         per_stream = rows // size if self.config.drop_last else -(-rows // size)
         return int(per_stream.sum())
 
-    def source_state(self, source: int, num_workers: int) -> dict[str, Any]:
-        """The state of ``source`` as a dataset of its own, but for its epoch and streams: its
-        files and settings (the same at every call, so made once)."""
-        key = (source, num_workers)
-        if key not in self._settings_states:
-            epochs = self.sources[source]
-            plan = epochs.plan(Start.fresh(0), num_workers)
-            state = epochs.encode(Progress(plan, epochs.settings(num_workers), {}, ()))
-            self._settings_states[key] = state
-        return self._settings_states[key]
+    def source_states(self, num_workers: int) -> SettingsStates:
+        """Each source's state as a dataset of its own, but for its epoch and streams: its files
+        and settings (the same at every call, so made once), split into what every source's
+        holds alike (``SHARED_KEYS``) and each one's own. The mixture's files make at most
+        ``MAX_FILE_GROUPS`` groups, as one dataset's do: each source's get their share."""
+        if num_workers not in self._settings_states:
+            states = []
+            for epochs in self.sources:
+                plan = epochs.plan(Start.fresh(0), num_workers)
+                state = epochs.encode(Progress(plan, epochs.settings(num_workers), {}, ()))
+                groups = max(1, MAX_FILE_GROUPS // len(self.sources))
+                state["files"]["groups"] = epochs.index.file_groups(groups)
+                states.append(state)
+            shared = {
+                k: states[0][k] for k in SHARED_KEYS if all(s[k] == states[0][k] for s in states)
+            }
+            own = tuple({k: v for k, v in s.items() if k not in shared} for s in states)
+            self._settings_states[num_workers] = (shared, own)
+        return self._settings_states[num_workers]
 
 
 # The progress of an iteration: of one dataset, or of a mixture.

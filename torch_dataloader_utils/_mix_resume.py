@@ -14,7 +14,14 @@ from ._epoch import Start
 from ._errors import CheckpointMismatchError, InvalidStateError
 from ._log import log
 from ._mix_epochs import MixedEpochs, MixedProgress, MixPosition, Segment, SourceRest, Timeline
-from ._mix_state import check_positions, check_shape, checked_rows, stored_rests, stored_timeline
+from ._mix_state import (
+    check_positions,
+    check_shape,
+    checked_rows,
+    expanded,
+    stored_rests,
+    stored_timeline,
+)
 from ._plan import Deal, Generation, IntArray, Pieces
 from ._state import check_setting, one_job
 
@@ -60,6 +67,7 @@ def _inconsistent() -> Iterator[None]:
 def _load(
     mix: MixedEpochs, state: Mapping[str, Any], num_workers: int | None, *, reweight: bool
 ) -> tuple[Start, MixedEpochs]:
+    state = expanded(state)
     check_shape(state)
     workers = state["_num_workers"] if num_workers is None else num_workers
     where = f"mixture {list(state['sources'])}"
@@ -117,7 +125,12 @@ def _load(
 def _load_elastic(
     mix: MixedEpochs, states: Sequence[Mapping[str, Any]], num_workers: int
 ) -> tuple[Start, MixedEpochs]:
-    ordered = one_job(states, check_shape, ("_num_workers", "_even_batches", "_mixture"), _job_part)
+    ordered = one_job(
+        [expanded(s) for s in states],
+        check_shape,
+        ("_num_workers", "_even_batches", "_mixture"),
+        _job_part,
+    )
     first = ordered[0]
     where = f"mixture {list(first['sources'])}"
     stored = stored_timeline(first)

@@ -17,7 +17,11 @@ A mixture's state is plain JSON-safe builtins::
     sources      {name: the state of that source as a dataset of its own (files, settings,
                   and per worker stream its place in its share of the source's epoch, by
                   content), whose "epoch" is the source epoch of the first stream, and
-                  "epochs": the source epoch of each worker stream}
+                  "epochs": the source epoch of each worker stream; the source's files make
+                  at most max(1, 256 // number of sources) groups}
+    source_settings  {key: value} of ``SHARED_KEYS`` that every source's state holds alike,
+                  written here once and left out of each (optional: a state without it
+                  holds them in each source's)
 
 Unpacked, each stream's place in a source follows from its position (``_mix_epochs``);
 packed, it is the stored place (how far a source got depends on its tokens). The places by
@@ -30,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._errors import CheckpointMismatchError, InvalidStateError
-from ._mix_epochs import MixedEpochs, MixedProgress, Segment, SourceRest, Timeline
+from ._mix_epochs import SHARED_KEYS, MixedEpochs, MixedProgress, Segment, SourceRest, Timeline
 from ._mixture import MAX_EPOCH_SIZE
 from ._schedule import Schedule
 from ._state import (
@@ -49,6 +53,7 @@ __all__ = [
     "check_shape",
     "checked_rows",
     "encode_mixture",
+    "expanded",
     "stored_rests",
     "stored_timeline",
 ]
@@ -58,12 +63,13 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
     """The state dict of ``progress``."""
     streams = max(1, progress.num_workers)
     entries = [progress.entries(w) if w in progress.positions else None for w in range(streams)]
+    shared, own = mix.source_states(progress.num_workers)
     sources = {}
     for s, name in enumerate(mix.names):
         known = next((e[s] for e in entries if e is not None), None)
         rest = mix.rest(s)
         sources[name] = {
-            **mix.source_state(s, progress.num_workers),
+            **own[s],
             "epoch": 0 if known is None else known[0],
             "epochs": [0 if e is None else e[s][0] for e in entries],
             "streams": [None if e is None else e[s][1] for e in entries],
@@ -96,7 +102,38 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
         ],
         "cursor": progress.cursor,
         "sources": sources,
+        "source_settings": shared,
     }
+
+
+def expanded(state: object) -> Any:
+    """``state`` with each source's state whole: ``source_settings`` (what every source's state
+    holds alike, written once) added to each (a state written without it is whole already;
+    anything but a dict is left for the checks of its shape)."""
+    if not isinstance(state, Mapping):
+        return state
+    shared, subs = state.get("source_settings"), state.get("sources")
+    if shared is None:
+        if isinstance(subs, dict):
+            for name, sub in subs.items():
+                missing = [k for k in SHARED_KEYS if isinstance(sub, Mapping) and k not in sub]
+                if missing:
+                    raise InvalidStateError(
+                        f"state key 'source_settings' is missing, and source {name!r} has no "
+                        f"key {missing[0]!r}: was the state saved by this library?"
+                    )
+        return state
+    if not (
+        isinstance(shared, dict)
+        and all(k in SHARED_KEYS for k in shared)
+        and isinstance(subs, dict)
+        and all(isinstance(sub, dict) for sub in subs.values())
+    ):
+        raise InvalidStateError(
+            f"state key 'source_settings' must be a dict of some of the keys {SHARED_KEYS} "
+            f"and 'sources' a dict of dicts, got {shared!r:.120} and {type(subs).__name__}"
+        )
+    return {**state, "sources": {name: {**shared, **sub} for name, sub in subs.items()}}
 
 
 def checked_rows(

@@ -23,6 +23,7 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -100,10 +101,10 @@ def permuted(position: int, rows: int, key: int) -> int:
             return x
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=16384)
 def _int_rounds(key: int) -> tuple[tuple[int, int], ...]:
     """``(add, multiplier)`` of each round keyed by ``key``, as Python ints (a state asks for
-    the same few keys, its streams' windows, at every call)."""
+    the same keys, a window of each of its streams of each source, at every call)."""
     return tuple(
         (_splitmix64_int(key + n) & 0xFFFFFFFF, multiplier)
         for n, multiplier in enumerate(_MULTIPLIERS)
@@ -325,11 +326,22 @@ class ShuffledShare:
     def row_at(self, position: int) -> tuple[int, int]:
         """The split, and its row, delivered as stream row ``position``."""
         number = self.window_at(position)
-        blocks, begin, key = self.window(number)
-        row = permuted(position - begin, blocks.total, key)
-        block = int(blocks.ends.searchsorted(row, side="right"))
-        start = int(blocks.ends[block] - blocks.hi[block] + blocks.lo[block])
-        return int(blocks.splits[block]), int(blocks.lo[block]) + row - start
+        kept = self._kept_rows
+        if kept[0] != number:  # the window's blocks as ints: a state looks a row up every step
+            blocks, begin, key = self.window(number)
+            starts = blocks.ends - blocks.hi + blocks.lo  # each block's first row in the window
+            kept[:] = number, begin, key, blocks.total, blocks.ends.tolist(), starts.tolist()
+            kept += blocks.lo.tolist(), blocks.splits.tolist()
+        _, begin, key, total, ends, starts, lo, splits = kept
+        row = permuted(position - begin, total, key)
+        block = bisect.bisect_right(ends, row)
+        return splits[block], lo[block] + row - starts[block]
+
+    @cached_property
+    def _kept_rows(self) -> list[Any]:
+        """``[window, its first stream row, key, rows, then its blocks' ends, first rows, lo,
+        splits as lists]`` of the window ``row_at`` last looked in."""
+        return [-1]
 
     def window(self, number: int) -> tuple[Pieces, int, int]:
         """Window ``number``: its blocks in storage order, its first stream row, its key (the

@@ -69,6 +69,7 @@ __all__ = [
     "misplaced",
     "one_job",
     "stored_split",
+    "stream_list",
 ]
 
 STATE_VERSION = 6
@@ -184,11 +185,17 @@ def encode(
 def encode_stream(entry: StreamEntry | None, index: DatasetIndex) -> list[Any] | None:
     if entry is None:
         return None
-    head = [entry.position, entry.tokens, entry.rows]
-    if entry.next_row is None:
-        return head
-    split, row = entry.next_row
-    return [*head, *_split_key(split, index), row]
+    return stream_list(entry.position, entry.tokens, entry.rows, entry.next_row, index)
+
+
+def stream_list(
+    position: int, tokens: int, rows: int, next_row: tuple[int, int] | None, index: DatasetIndex
+) -> list[Any]:
+    """A stream entry as a state writes it (a mixture's, one per source at every call)."""
+    if next_row is None:
+        return [position, tokens, rows]
+    split, row = next_row
+    return [position, tokens, rows, *_split_key(split, index), row]
 
 
 def encode_generation(generation: Generation) -> list[Any]:
@@ -452,11 +459,12 @@ def _check_files(state: Mapping[str, Any], index: DatasetIndex) -> None:
     if files.get("digest") == index.digest and state["num_splits"] == len(index.splits):
         return
     stored = files.get("groups")
-    current = index.file_groups()
     if not isinstance(stored, list) or not all(_is_group(g) for g in stored):
         raise InvalidStateError(
             "state key 'files.groups' must be a list of [first path, last path, count, digest]"
         )
+    # runs of as many files as the state's first (a mixture's source groups its files coarser)
+    current = index.file_groups(size=max(1, stored[0][2]) if stored else 0)
     roots = (files.get("root"), index.root)
     for old, new in zip(stored, current, strict=False):
         if old != new:

@@ -16,6 +16,8 @@ from typing import Any
 
 import fsspec
 
+from .._mix_state import expanded
+
 __all__ = ["BadInput", "Found", "find_states", "read_checkpoint", "stream_entry"]
 
 
@@ -122,7 +124,8 @@ def _holds_states(value: object) -> bool:
 
 
 def _as_list(value: Any) -> list[Mapping[str, Any]]:
-    return list(value) if isinstance(value, list) else [value]
+    """The states, a mixture's with each source's state whole."""
+    return [expanded(v) for v in (value if isinstance(value, list) else [value])]
 
 
 def _candidates(value: object, where: tuple[str, ...]) -> Iterator[tuple[str, object]]:
