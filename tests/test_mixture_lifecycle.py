@@ -73,7 +73,7 @@ STEPS = int(os.environ.get("TDU_MIXLIFE_STEPS", "12"))
 SPAN = 1000  # row r of source number n has id (n + 1) * SPAN + r; token t of it id * 100 + t
 ROWS = {"a": 47, "b": 31, "c": 23}
 NAMES = tuple(ROWS)
-BATCH = 4
+BATCH = 5
 PACKING = TokenPacking("tokens", seq_len=8)
 
 _ROOT = Path(tempfile.mkdtemp(prefix="tdu-mixlife-"))
@@ -180,6 +180,7 @@ class MixtureLife(RuleBasedStateMachine):
         self.cursors: list[int] = []  # per rank: the worker of its next batch
         self.ended: list[bool] = []  # per rank: its last iteration ran to the epoch's end
         self.log: dict[tuple[Any, ...], int] = {}  # (world, stream, source, inc, epoch, row)
+        self.worlds = 0  # worlds made so far
         # a checkpoint: every rank's state, its job, the model then, and per rank the batches
         # of the iteration it was saved in (growing while that iteration goes on), and how many
         self.checkpoints: list[tuple[list[dict[str, Any]], Shape, Life, list[Any]]] = []
@@ -195,14 +196,14 @@ class MixtureLife(RuleBasedStateMachine):
     @initialize(
         count=st.integers(2, 3), weights=st.lists(st.integers(1, 4), min_size=3, max_size=3),
         packed=st.booleans(), shuffle=st.booleans(), workers=st.sampled_from([0, 0, 0, 2]),
-        size=st.sampled_from([None, 30, 61]),
+        size=st.sampled_from([None, 30, 45]),
     )  # fmt: skip
     def build(
         self, count: int, weights: list[int], packed: bool, shuffle: bool, workers: int,
         size: int | None,
     ) -> None:  # fmt: skip
         if packed:
-            size = size or 24
+            size = size or 15
         self.shape = Shape(NAMES[:count], tuple(weights[:count]), size, packed, shuffle, 1, workers)
         self.life = Life(0, 0, None, dict.fromkeys(NAMES, 0), {}, {}, set(), {})
         self._open(self.shape)
@@ -236,10 +237,11 @@ class MixtureLife(RuleBasedStateMachine):
     # ------------------------------------------------------------------ places and ledger
 
     def _entry(self, state: dict[str, Any], name: str, worker: int) -> list[int]:
-        """``[source epoch, rows of the share started, rows of the share]`` of ``worker``."""
+        """``[source epoch, rows of the share started, rows of the share, 1 if packed and
+        the last row started is not all handed out]`` of ``worker``."""
         source = state["sources"][name]
         offset, tokens, rows = source["streams"][worker][:3]
-        return [source["epochs"][worker], offset + (tokens > 0), rows]
+        return [source["epochs"][worker], offset + (tokens > 0), rows, int(tokens > 0)]
 
     def _place_all(self, rank: int, state: dict[str, Any], check: str | None) -> None:
         """Take rank ``rank``'s places from ``state`` at a load: ``check`` "same" (a resume:
@@ -283,12 +285,15 @@ class MixtureLife(RuleBasedStateMachine):
                 life.places[(stream, name)] = new
 
     def _deliver(
-        self, stream: int, name: str, rows: list[int], state: dict[str, Any], w: int
+        self, stream: int, name: str, rows: list[tuple[int, bool]], state: dict[str, Any], w: int
     ) -> None:
-        """``rows`` of source ``name`` read by ``stream`` in a batch, labelled with their
+        """``rows`` of source ``name`` read by ``stream`` in a batch (packed: the documents
+        its tokens are of, and whether their first token is among them), labelled with their
         source epoch by the places before and after it (the state's, after)."""
         life = self.life
-        epoch, start, total = life.places[(stream, name)]
+        epoch, start, total, partial = life.places[(stream, name)]
+        if rows and partial and not rows[0][1]:
+            rows = rows[1:]  # the rest of the document the stream was in
         new = self._entry(state, name, w)
         labels: list[tuple[int, int] | None]
         if new[0] == epoch:
@@ -311,7 +316,7 @@ class MixtureLife(RuleBasedStateMachine):
             labels += [(new[0], i) for i in range(new[1])]
         inc = life.incarnation[name]
         ledger = life.ledger.setdefault((name, inc), {})
-        for row, label in zip(rows, labels, strict=True):
+        for (row, first), label in zip(rows, labels, strict=True):
             if label is None:
                 continue
             e, offset = label
@@ -320,6 +325,8 @@ class MixtureLife(RuleBasedStateMachine):
                 f"stream {stream} source {name!r} epoch {e} row {offset}: {row}, before "
                 f"{self.log[key]}"
             )
+            if not first:  # begun by another stream (an elastic deal cut it): counted there
+                continue
             seen = ledger.setdefault(e, {})
             then = seen.setdefault(row, (life.world, stream, offset))
             assert then == (life.world, stream, offset), (
@@ -357,7 +364,7 @@ class MixtureLife(RuleBasedStateMachine):
         )  # fmt: skip
 
     @precondition(lambda self: not self.blocked)
-    @rule(k=st.integers(1, 4))
+    @rule(k=st.integers(1, 5))
     def iterate(self, k: int) -> None:
         """Every rank takes ``k`` batches (beginning an iteration where none runs)."""
         if any(it is None for it in self.iters) and self._known_packed_replay():
@@ -409,17 +416,22 @@ class MixtureLife(RuleBasedStateMachine):
                 self.replaying[rank] = (tape, at + 1)
         self.tapes[rank].append(signature)
         sources = [shape.sources[s] for s in batch["source"].tolist()]
-        rows: dict[str, list[int]] = {name: [] for name in shape.sources}
-        if shape.packed:
+        rows: dict[str, list[tuple[int, bool]]] = {name: [] for name in shape.sources}
+        if shape.packed:  # a document's tokens run on, in order, from where they stood
+            last: dict[str, int] = {}
             for name, sequence in zip(sources, batch["input_ids"].tolist(), strict=True):
-                tokens = [t for t in sequence if t]
-                assert all(source_of(t // 100) == name for t in tokens), (name, tokens)
-                rows[name] += [t // 100 for t in tokens if t % 100 == 0]
+                for token in (t for t in sequence if t):  # 0 pads
+                    assert source_of(token // 100) == name, (name, sequence)
+                    if name in last and token // 100 == last[name] // 100:
+                        assert token == last[name] + 1, (name, last[name], token)
+                    else:
+                        rows[name].append((token // 100, token % 100 == 0))
+                    last[name] = token
         else:
             ids = batch["id"].tolist()
             assert [source_of(i) for i in ids] == sources, (ids, sources)
             for name, i in zip(sources, ids, strict=True):
-                rows[name].append(i)
+                rows[name].append((i, True))
         state = json_round_trip(self.jobs[rank][0].state_dict())
         assert state["epoch"] == life.epoch
         for name in shape.sources:
@@ -441,7 +453,7 @@ class MixtureLife(RuleBasedStateMachine):
         """The loop breaks: the iterators go (the next iteration restarts the epoch)."""
         self._drop_iterators()
 
-    @rule(which=st.sampled_from(["same", "next", "earlier"]), back=st.integers(1, 2))
+    @rule(which=st.sampled_from(["next", "next", "same", "earlier"]), back=st.integers(1, 2))
     def set_epoch(self, which: str, back: int) -> None:
         life = self.life
         epoch = {"same": life.epoch, "next": life.epoch + 1}.get(which, life.epoch - back)
@@ -453,7 +465,9 @@ class MixtureLife(RuleBasedStateMachine):
         ):  # fmt: skip
             return  # issue 27 item 3: set_epoch of the epoch a packed mixture is at
         self._drop_iterators()
-        legit = not self.shape.packed or epoch == 0 or self.carry_from == epoch - 1
+        # packed: an epoch >= 1 carries on from where the loader holds the one before (or
+        # replays the one it holds)
+        legit = not self.shape.packed or epoch == 0 or self.carry_from in (epoch - 1, epoch)
         if self.shape.packed:
             self.carry_from = epoch if epoch and legit else None
         with warnings.catch_warnings():
@@ -482,8 +496,8 @@ class MixtureLife(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.checkpoints))
     @rule(
-        pick=st.integers(0, 10**6), how=st.sampled_from(["exact", "exact", "reweight", "elastic"]),
-        data=st.data(),
+        pick=st.integers(0, 10**6), data=st.data(),
+        how=st.sampled_from(["exact", "reweight", "reweight", "elastic"]),
     )  # fmt: skip
     def resume(self, pick: int, how: str, data: Any) -> None:
         """Fresh loaders (a new job) load a checkpoint: as saved, reweighted, or elastic."""
@@ -509,8 +523,8 @@ class MixtureLife(RuleBasedStateMachine):
                     loader.load_state_dict(states[rank], reweight=how == "reweight")
         changed = how == "elastic" or shape.mixture != saved.mixture
         self.carry_from = self.life.epoch if shape.packed else None
-        if how == "elastic":
-            self.life.world += 1
+        if how == "elastic":  # a new world (never one before: their deals differ)
+            self.life.world = self.worlds = self.worlds + 1
             self.life.places = {}
         for name in shape.sources:
             if name not in saved.sources:  # added: its first epoch (again)
@@ -538,7 +552,7 @@ class MixtureLife(RuleBasedStateMachine):
         weights = tuple(data.draw(st.integers(1, 4)) for _ in names)
         size = saved.epoch_size
         if change == "epoch_size":
-            size = data.draw(st.sampled_from([12, 24, 61] if saved.packed else [None, 12, 30, 61]))
+            size = data.draw(st.sampled_from([10, 20, 30] if saved.packed else [None, 12, 30, 45]))
         shape = Shape(tuple(names), weights, size, saved.packed, saved.shuffle, saved.world,
                       saved.workers)  # fmt: skip
         if "reweight_shorter_epoch" in KNOWN_DEFECTS:  # issue 27 item 2: past the new end
@@ -564,7 +578,7 @@ class MixtureLife(RuleBasedStateMachine):
             ledger = life.ledger.get((name, inc), {})
             done = min(
                 e + (offset >= rows)
-                for e, offset, rows in (life.places[(g, name)] for g in range(streams))
+                for e, offset, rows, _ in (life.places[(g, name)] for g in range(streams))
             )  # fmt: skip
             for epoch in range(done):
                 if (name, inc, epoch) in life.holes:
