@@ -57,7 +57,9 @@ from torch_dataloader_utils import DataLoaderUtilsError, StructuredDataset, Toke
 KNOWN_DEFECTS = {
     # item 2: reweight=True into an epoch shorter than the positions already read of it (a
     # source removed at the default epoch_size, or a smaller epoch_size): the epoch's rest is
-    # empty, set_epoch(epoch + 1) raises, the loader's own state does not load.
+    # empty, set_epoch(epoch + 1) raises, the loader's own state does not load. Also shorter
+    # than the positions an elastic resume dealt the epoch (its segment's lengths, kept by
+    # the reweight): the epoch runs them all, and the state does not load.
     "reweight_shorter_epoch",
     # item 3: a packed mixture's epoch >= 1 iterated a second time (a new iterator after one
     # began, or set_epoch of the epoch it is at) raises "continues each source where the
@@ -559,8 +561,11 @@ class MixtureLife(RuleBasedStateMachine):
             _, dataset = shape.loader(0)
             lengths = dataset._epochs.epoch_lengths(saved.workers).tolist()
             for rank, state in enumerate(states):
+                epoch, _, _, kept = state["_mixture"]["segment"]  # an elastic deal's lengths
+                kept = kept if epoch == state["epoch"] else []  # (a reweight keeps them)
                 for w, position in enumerate(state["streams"]):
-                    if position > lengths[rank * saved.per_rank + w]:
+                    length = lengths[rank * saved.per_rank + w]
+                    if position > length or (kept and kept[w] > length):
                         return None
         return shape
 
