@@ -33,7 +33,7 @@ test: $(STAMP) $(AZURITE)
 # worker, the trainer alone), each resumed from its last checkpoint; every row once per epoch.
 # A few minutes; `tests/test_soak.py` runs an 8-kill version under `make test`. Then the model-based
 # lifecycle test (tests/test_lifecycle.py) at 200 sequences of 30 steps (6 of 14 under `make test`),
-# and the mixture's (tests/test_mixture_lifecycle.py) at 200 of 30 (6 of 12 under `make test`).
+# and the mixture's (tests/test_mixture_lifecycle.py) at 200 of 30 (12 of 15 under `make test`).
 soak: $(STAMP)
 	$(PY) tests/_soak.py --cycles 100
 	TDU_LIFECYCLE_EXAMPLES=200 TDU_LIFECYCLE_STEPS=30 $(PY) -m pytest -q tests/test_lifecycle.py

@@ -69,8 +69,8 @@ KNOWN_DEFECTS = {
 if "TDU_MIXLIFE_DEFECTS" in os.environ:  # e.g. "" drives them all: to check a fix
     KNOWN_DEFECTS = {name for name in os.environ["TDU_MIXLIFE_DEFECTS"].split(",") if name}
 
-EXAMPLES = int(os.environ.get("TDU_MIXLIFE_EXAMPLES", "6"))
-STEPS = int(os.environ.get("TDU_MIXLIFE_STEPS", "12"))
+EXAMPLES = int(os.environ.get("TDU_MIXLIFE_EXAMPLES", "12"))
+STEPS = int(os.environ.get("TDU_MIXLIFE_STEPS", "15"))
 
 SPAN = 1000  # row r of source number n has id (n + 1) * SPAN + r; token t of it id * 100 + t
 ROWS = {"a": 47, "b": 31, "c": 23}
