@@ -65,6 +65,10 @@ KNOWN_DEFECTS = {
     # began, or set_epoch of the epoch it is at) raises "continues each source where the
     # epoch before it ended".
     "packed_replay",
+    # not in the issue, found by this machine (repro reported to the lead): a packed mixture
+    # resumed elastically from states saved after an elastic resume (their sources hold the
+    # rests it dealt) hands a document out twice in a row, in one stream.
+    "packed_elastic_chain",
 }
 if "TDU_MIXLIFE_DEFECTS" in os.environ:  # e.g. "" drives them all: to check a fix
     KNOWN_DEFECTS = {name for name in os.environ["TDU_MIXLIFE_DEFECTS"].split(",") if name}
@@ -510,6 +514,11 @@ class MixtureLife(RuleBasedStateMachine):
             if shape is None:
                 return
         elif how == "elastic":
+            if (
+                "packed_elastic_chain" in KNOWN_DEFECTS and saved.packed
+                and any(source["rests"] for state in states for source in state["sources"].values())
+            ):  # fmt: skip
+                return
             world = data.draw(st.sampled_from([1, 1, 2]))
             shape = Shape(*saved.mixture, saved.packed, saved.shuffle, world,
                           data.draw(st.sampled_from([0, 0, 0, 2])))  # fmt: skip
