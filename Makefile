@@ -32,10 +32,12 @@ test: $(STAMP) $(AZURITE)
 # Crash soak: 100 SIGKILLs of a 2-worker training subprocess (whole group, mid-checkpoint, one
 # worker, the trainer alone), each resumed from its last checkpoint; every row once per epoch.
 # A few minutes; `tests/test_soak.py` runs an 8-kill version under `make test`. Then the model-based
-# lifecycle test (tests/test_lifecycle.py) at 200 sequences of 30 steps (6 of 14 under `make test`).
+# lifecycle test (tests/test_lifecycle.py) at 200 sequences of 30 steps (6 of 14 under `make test`),
+# and the mixture's (tests/test_mixture_lifecycle.py) at 200 of 30 (12 of 15 under `make test`).
 soak: $(STAMP)
 	$(PY) tests/_soak.py --cycles 100
 	TDU_LIFECYCLE_EXAMPLES=200 TDU_LIFECYCLE_STEPS=30 $(PY) -m pytest -q tests/test_lifecycle.py
+	TDU_MIXLIFE_EXAMPLES=200 TDU_MIXLIFE_STEPS=30 $(PY) -m pytest -q tests/test_mixture_lifecycle.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
