@@ -26,6 +26,10 @@ at every step (``docs/mixing.md``):
 - every refusal is a library error (or the documented ``ValueError`` of an epoch it cannot
   start) naming what it is about, and only where the docs allow one.
 
+A replay of an epoch delivers its rows again: at most once holds per pass of a source epoch.
+Restarting an epoch the mixture changed in (or before) reads it as the mixture is built, dealt
+afresh: the model relabels every stream's places from that deal, in a new world.
+
 ``make test`` runs a few sequences; ``make soak`` many (``TDU_MIXLIFE_EXAMPLES``/``_STEPS``).
 """
 
@@ -51,23 +55,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from torch_dataloader_utils import DataLoaderUtilsError, StructuredDataset, TokenPacking
-
-# Known defects of issue 27 the machine steps around, each narrowly: remove a name when its
-# fix merges, and the machine drives those sequences again.
-KNOWN_DEFECTS = {
-    # item 2: reweight=True into an epoch shorter than the positions already read of it (a
-    # source removed at the default epoch_size, or a smaller epoch_size): the epoch's rest is
-    # empty, set_epoch(epoch + 1) raises, the loader's own state does not load. Also shorter
-    # than the positions an elastic resume dealt the epoch (its segment's lengths, kept by
-    # the reweight): the epoch runs them all, and the state does not load.
-    "reweight_shorter_epoch",
-    # item 3: a packed mixture's epoch >= 1 iterated a second time (a new iterator after one
-    # began, or set_epoch of the epoch it is at) raises "continues each source where the
-    # epoch before it ended".
-    "packed_replay",
-}
-if "TDU_MIXLIFE_DEFECTS" in os.environ:  # e.g. "" drives them all: to check a fix
-    KNOWN_DEFECTS = {name for name in os.environ["TDU_MIXLIFE_DEFECTS"].split(",") if name}
 
 EXAMPLES = int(os.environ.get("TDU_MIXLIFE_EXAMPLES", "12"))
 STEPS = int(os.environ.get("TDU_MIXLIFE_STEPS", "15"))
@@ -192,6 +179,7 @@ class MixtureLife(RuleBasedStateMachine):
         self.began = False  # an iteration of the current epoch began in this loader
         self.carry_from: int | None = None  # packed: the epoch whose end the loader holds
         self.replaying: list[tuple[list[Any], int] | None] = []  # per rank: expected batches
+        self.unrestartable = False  # packed: an epoch >= 1 loaded (where it began unknown)
 
     # ------------------------------------------------------------------ building
 
@@ -286,6 +274,35 @@ class MixtureLife(RuleBasedStateMachine):
                     life.holes.update((name, inc, e) for e in range(old[0], new[0] + 1))
                 life.places[(stream, name)] = new
 
+    def _relabel(self, states: list[dict[str, Any]]) -> None:
+        """Every rank starts at ``states``: a restart of an epoch the mixture changed in (or
+        before) reads it afresh as the mixture is built, dealt to this world from its start:
+        a new world labels the streams' places, each source's epochs from the earliest any
+        stream starts in are a new pass (those some stream starts past part of: holes)."""
+        life = self.life
+        epoch = states[0]["epoch"]
+        if life.seg_epoch is None or epoch > life.seg_epoch or self.loaded:
+            return
+        news = {
+            (rank * self.shape.per_rank + w, name): self._entry(state, name, w)
+            for rank, state in enumerate(states) for w in range(self.shape.per_rank)
+            for name in self.shape.sources
+        }  # fmt: skip
+        if all(_same_place(life.places[key], new) for key, new in news.items()):
+            return
+        life.world = self.worlds = self.worlds + 1
+        for name in self.shape.sources:
+            inc = life.incarnation[name]
+            starts = [new for (_, n), new in news.items() if n == name]
+            low = min(new[0] for new in starts)
+            ledger = life.ledger.get((name, inc), {})
+            for e in [e for e in ledger if e >= low]:
+                del ledger[e]
+            life.holes.update(
+                (name, inc, e) for new in starts for e in range(low, new[0] + (new[1] > 0))
+            )  # fmt: skip
+        life.places.update(news)
+
     def _deliver(
         self, stream: int, name: str, rows: list[tuple[int, bool]], state: dict[str, Any], w: int
     ) -> None:
@@ -347,7 +364,7 @@ class MixtureLife(RuleBasedStateMachine):
         if self.loaded:
             return False
         carried = self.carry_from in (life.epoch - 1, life.epoch)
-        if self.shape.packed and life.epoch > 0 and not carried:
+        if self.shape.packed and life.epoch > 0 and (not carried or self.unrestartable):
             return True
         return life.seg_epoch is not None and life.epoch <= life.seg_epoch
 
@@ -358,19 +375,19 @@ class MixtureLife(RuleBasedStateMachine):
         assert f"epoch {self.life.epoch}" in str(exc), str(exc)
         self.blocked = True
 
-    def _known_packed_replay(self) -> bool:
-        """A packed epoch >= 1 iterated again in this loader (issue 27 item 3)."""
-        return (
-            "packed_replay" in KNOWN_DEFECTS and self.shape.packed and self.life.epoch > 0
-            and self.began and self.carry_from != self.life.epoch - 1
-        )  # fmt: skip
-
     @precondition(lambda self: not self.blocked)
     @rule(k=st.integers(1, 5))
     def iterate(self, k: int) -> None:
         """Every rank takes ``k`` batches (beginning an iteration where none runs)."""
-        if any(it is None for it in self.iters) and self._known_packed_replay():
-            return
+        if all(it is None for it in self.iters):
+            states = []
+            for rank in range(len(self.jobs)):
+                try:
+                    states.append(self._start_state(rank))
+                except Exception:  # refused: _begin checks it
+                    break
+            else:
+                self._relabel(states)
         for rank, (loader, _) in enumerate(self.jobs):
             if self.iters[rank] is None and not self._begin(rank, loader):
                 return
@@ -462,21 +479,26 @@ class MixtureLife(RuleBasedStateMachine):
         epoch = {"same": life.epoch, "next": life.epoch + 1}.get(which, life.epoch - back)
         if epoch < 0:
             return
-        if (
-            "packed_replay" in KNOWN_DEFECTS and self.shape.packed and epoch == life.epoch
-            and epoch > 0
-        ):  # fmt: skip
-            return  # issue 27 item 3: set_epoch of the epoch a packed mixture is at
         self._drop_iterators()
         # packed: an epoch >= 1 carries on from where the loader holds the one before (or
-        # replays the one it holds)
+        # replays the one it holds); else set_epoch refuses at once (the dataset unchanged),
+        # as it may for an epoch >= 1 loaded mid-way (where it began is not in the state)
         legit = not self.shape.packed or epoch == 0 or self.carry_from in (epoch - 1, epoch)
-        if self.shape.packed:
-            self.carry_from = epoch if epoch and legit else None
+        may_refuse = self.shape.packed and epoch > 0 and (not legit or self.unrestartable)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # after a load: "discards the ..."
-            for _, dataset in self.jobs:
-                dataset.set_epoch(epoch)
+            for rank, (_, dataset) in enumerate(self.jobs):
+                try:
+                    dataset.set_epoch(epoch)
+                except ValueError as exc:
+                    assert may_refuse and rank == 0, f"set_epoch({epoch}): {exc!r}"
+                    assert f"epoch {epoch}" in str(exc), str(exc)
+                    assert all(d.epoch == life.epoch for _, d in self.jobs)  # unchanged
+                    return
+        if self.shape.packed:
+            self.carry_from = epoch if epoch and legit else None
+        if epoch != life.epoch:
+            self.unrestartable = False
         life.epoch, self.blocked, self.began, self.loaded = epoch, False, False, False
         self.tapes = [[] for _ in self.jobs]  # a checkpoint now is of the epoch's start
         may_refuse = self._may_start()
@@ -486,6 +508,7 @@ class MixtureLife(RuleBasedStateMachine):
             assert may_refuse, f"set_epoch({epoch}): {exc!r}"
             self._refused(exc)
             return
+        self._relabel(states)
         for rank, state in enumerate(states):
             self._restart(rank, state)
 
@@ -526,6 +549,7 @@ class MixtureLife(RuleBasedStateMachine):
                     loader.load_state_dict(states[rank], reweight=how == "reweight")
         changed = how == "elastic" or shape.mixture != saved.mixture
         self.carry_from = self.life.epoch if shape.packed else None
+        self.unrestartable = shape.packed and self.life.epoch > 0
         if how == "elastic":  # a new world (never one before: their deals differ)
             self.life.world = self.worlds = self.worlds + 1
             self.life.places = {}
@@ -558,16 +582,6 @@ class MixtureLife(RuleBasedStateMachine):
             size = data.draw(st.sampled_from([10, 20, 30] if saved.packed else [None, 12, 30, 45]))
         shape = Shape(tuple(names), weights, size, saved.packed, saved.shuffle, saved.world,
                       saved.workers)  # fmt: skip
-        if "reweight_shorter_epoch" in KNOWN_DEFECTS:  # issue 27 item 2: past the new end
-            _, dataset = shape.loader(0)
-            lengths = dataset._epochs.epoch_lengths(saved.workers).tolist()
-            for rank, state in enumerate(states):
-                epoch, _, _, kept = state["_mixture"]["segment"]  # an elastic deal's lengths
-                kept = kept if epoch == state["epoch"] else []  # (a reweight keeps them)
-                for w, position in enumerate(state["streams"]):
-                    length = lengths[rank * saved.per_rank + w]
-                    if position > length or (kept and kept[w] > length):
-                        return None
         return shape
 
     # ------------------------------------------------------------------ invariants
