@@ -358,15 +358,12 @@ class MixtureLife(RuleBasedStateMachine):
 
     def _may_start(self) -> bool:
         """Whether the next iteration's start may be refused (rather than must work): a
-        loaded state must continue; an epoch before (or of) a change of the mixture, or a
-        packed epoch >= 1 this loader cannot carry on from the epoch before, may not."""
-        life = self.life
-        if self.loaded:
+        loaded state must continue, any epoch restarts as the mixture is built; but a packed
+        epoch >= 1 this loader cannot carry on from the epoch before, or loaded (where it
+        began is not in the state), may not."""
+        if self.loaded or not self.shape.packed or self.life.epoch == 0:
             return False
-        carried = self.carry_from in (life.epoch - 1, life.epoch)
-        if self.shape.packed and life.epoch > 0 and (not carried or self.unrestartable):
-            return True
-        return life.seg_epoch is not None and life.epoch <= life.seg_epoch
+        return self.unrestartable or self.carry_from not in (self.life.epoch - 1, self.life.epoch)
 
     def _refused(self, exc: Exception) -> None:
         """A refusal: a library error (or the documented ValueError of an epoch the mixture
