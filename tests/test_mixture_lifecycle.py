@@ -179,7 +179,7 @@ class MixtureLife(RuleBasedStateMachine):
         self.began = False  # an iteration of the current epoch began in this loader
         self.carry_from: int | None = None  # packed: the epoch whose end the loader holds
         self.replaying: list[tuple[list[Any], int] | None] = []  # per rank: expected batches
-        self.unrestartable = False  # packed: an epoch >= 1 loaded (where it began unknown)
+        self.unrestartable = False  # packed: an epoch >= 1 loaded mid-way (its start unknown)
 
     # ------------------------------------------------------------------ building
 
@@ -481,7 +481,8 @@ class MixtureLife(RuleBasedStateMachine):
         # replays the one it holds); else set_epoch refuses at once (the dataset unchanged),
         # as it may for an epoch >= 1 loaded mid-way (where it began is not in the state)
         legit = not self.shape.packed or epoch == 0 or self.carry_from in (epoch - 1, epoch)
-        may_refuse = self.shape.packed and epoch > 0 and (not legit or self.unrestartable)
+        again = self.unrestartable and epoch == life.epoch
+        may_refuse = self.shape.packed and epoch > 0 and (not legit or again)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # after a load: "discards the ..."
             for rank, (_, dataset) in enumerate(self.jobs):
@@ -546,7 +547,9 @@ class MixtureLife(RuleBasedStateMachine):
                     loader.load_state_dict(states[rank], reweight=how == "reweight")
         changed = how == "elastic" or shape.mixture != saved.mixture
         self.carry_from = self.life.epoch if shape.packed else None
-        self.unrestartable = shape.packed and self.life.epoch > 0
+        self.unrestartable = (
+            shape.packed and self.life.epoch > 0 and any(p for s in states for p in s["streams"])
+        )  # fmt: skip
         if how == "elastic":  # a new world (never one before: their deals differ)
             self.life.world = self.worlds = self.worlds + 1
             self.life.places = {}
