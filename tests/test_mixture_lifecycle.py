@@ -277,8 +277,9 @@ class MixtureLife(RuleBasedStateMachine):
     def _relabel(self, states: list[dict[str, Any]]) -> None:
         """Every rank starts at ``states``: a restart of an epoch the mixture changed in (or
         before) reads it afresh as the mixture is built, dealt to this world from its start:
-        a new world labels the streams' places, each source's epochs from the earliest any
-        stream starts in are a new pass (those some stream starts past part of: holes)."""
+        a new world labels the streams' places (even where they stood: the deal may differ),
+        each source's epochs from the earliest any stream starts in are a new pass (those some
+        stream starts past part of: holes)."""
         life = self.life
         epoch = states[0]["epoch"]
         if life.seg_epoch is None or epoch > life.seg_epoch or self.loaded:
@@ -288,8 +289,6 @@ class MixtureLife(RuleBasedStateMachine):
             for rank, state in enumerate(states) for w in range(self.shape.per_rank)
             for name in self.shape.sources
         }  # fmt: skip
-        if all(_same_place(life.places[key], new) for key, new in news.items()):
-            return
         life.world = self.worlds = self.worlds + 1
         for name in self.shape.sources:
             inc = life.incarnation[name]
@@ -636,3 +635,47 @@ MixtureLife.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_mixture_lifecycle = pytest.mark.timeout(600)(MixtureLife.TestCase)
+
+
+class _Drawn:
+    """``data`` of a rule with its draws given in order."""
+
+    def __init__(self, *values: Any) -> None:
+        self.values = list(values)
+
+    def draw(self, _: Any) -> Any:
+        return self.values.pop(0)
+
+
+def _drive(build: dict[str, Any], steps: list[tuple[str, dict[str, Any]]]) -> MixtureLife:
+    machine = MixtureLife()
+    machine.build(**build)
+    try:
+        for name, kwargs in [*steps, ("iterate", {"k": 5})]:
+            getattr(machine, name)(**kwargs)
+            machine.every_source_epoch_complete_once_read_past()
+            if not machine.blocked:
+                machine.probe_every_state_loads()
+    finally:
+        machine.teardown()
+    return machine
+
+
+def test_pinned_sequences() -> None:
+    """Sequences the machine once got wrong: a restart after an elastic load reads the epoch
+    dealt afresh (a new pass of its rows); a fresh packed mixture's set_epoch(1) is refused
+    at once, the dataset unchanged; a reweight into an epoch shorter than the positions read
+    ends it where it stands, and set_epoch(1) continues each source."""
+    plain = {"count": 2, "weights": [1, 1, 1], "shuffle": False, "workers": 0, "size": None}
+    nxt, it = ("set_epoch", {"back": 1, "which": "next"}), ("iterate", {"k": 5})
+    machine = _drive(
+        {**plain, "packed": False},
+        [nxt, ("checkpoint", {}), ("resume", {"how": "elastic", "pick": 0, "data": _Drawn(1, 0)}),
+         ("iterate", {"k": 4}), it, ("iterate", {"k": 1}), ("checkpoint", {}), ("stop", {}), it],
+    )  # fmt: skip
+    assert machine.life.world == 2  # the restart relabelled the streams
+    machine = _drive({**plain, "packed": True}, [nxt])
+    assert (machine.life.epoch, machine.blocked) == (0, False)
+    removed = ("resume", {"how": "reweight", "pick": 0, "data": _Drawn("remove", "a", 1)})
+    machine = _drive({**plain, "packed": False}, [it, it, ("checkpoint", {}), removed, it, nxt])
+    assert machine.life.places[(0, "b")][:2] == [1, 19]  # 25 rows: 6 ended its epoch 0
