@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import _harness
@@ -117,3 +119,30 @@ def test_transforms_with_any_batch_type_cross_the_process_boundary(wide_dir: Pat
                 assert ("extra" in b) == bool(first % 2)
                 if first % 2:
                     assert b["extra"].shape == (first % 3 + 1,)
+
+
+@pytest.mark.parametrize("stop", ["end", "break"])
+def test_shared_memory_goes_with_the_iteration_not_the_collector(wide_dir: Path, stop: str):
+    """A loader's slots are freed once its iteration stops its workers, and a dropped loader is
+    freed at once: not at the garbage collector's next full pass, which may come after a
+    small /dev/shm (a container's 64 MiB) is full of earlier loaders' slots."""
+    gc.disable()
+    try:
+        loader, _ = StructuredDataset.create_dataloader(
+            str(wide_dir), format="parquet", batch_size=50, num_workers=2
+        )
+        batches = iter(loader)
+        first = next(batches)
+        slots = weakref.ref(loader._slots)
+        if stop == "end":
+            rows = len(first["id"]) + sum(len(b["id"]) for b in batches)
+            assert rows == ROWS
+        else:
+            del batches  # the training loop breaks out
+        del first
+        assert slots() is None
+        collected = weakref.ref(loader)
+        del loader
+        assert collected() is None
+    finally:
+        gc.enable()

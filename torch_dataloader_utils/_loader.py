@@ -6,6 +6,7 @@ import itertools
 import multiprocessing
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -126,6 +127,10 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
             slots.end(generation)  # its workers still waiting for a slot give up
             if failed or not self.persistent_workers:
                 self._stop_workers(packets)
+                # The next iteration starts new workers with new slots: the shared memory of
+                # these goes with the last batch that views it, not with this loader.
+                if self._slots is slots:
+                    self._slots = None
 
     def _start_method(self) -> str:
         """How this loader's workers start: semaphores made for ``fork`` are unlinked at once,
@@ -264,7 +269,9 @@ class _EpochSampler(torch.utils.data.Sampler[None]):
     ``iter()`` calls (docs/trainers.md)."""
 
     def __init__(self, loader: StructuredDataLoader) -> None:
-        self._loader = loader
+        # Weak: a cycle loader -> sampler -> loader would keep the loader's shared memory
+        # until the garbage collector's next full pass.
+        self._loader = weakref.ref(loader)
 
     def __iter__(self) -> Iterator[None]:
         return itertools.repeat(None)
@@ -274,7 +281,9 @@ class _EpochSampler(torch.utils.data.Sampler[None]):
         than the dataset's, else nothing (the dataset is in that epoch already, resumed or
         fresh; or the trainer's count restarted behind it in a resumed process). From now on
         a state taken after an epoch's last batch says ``finished``."""
-        loader = self._loader
+        loader = self._loader()
+        if loader is None:  # the loader is gone: nothing reads through this sampler
+            return
         dataset = loader.dataset
         dataset._trainer_epochs = True
         if epoch <= dataset.epoch:
