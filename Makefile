@@ -43,6 +43,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check torch_dataloader_utils tests benchmarks examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 BENCH_STAMP := $(VENV)/.installed-bench
 

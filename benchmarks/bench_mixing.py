@@ -41,9 +41,9 @@ from _bench_util import ensure_dataset, machine_note, paired, per_call, quiet_se
 from _shuffle_data import FULL, QUICK, token_data
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils._config import DEFAULT_SHUFFLE_MEMORY_BYTES
-from torch_dataloader_utils._epoch import Start
-from torch_dataloader_utils._mix_state import encode_mixture
+from torch_dataloader_utils.mixing.state import encode_mixture
+from torch_dataloader_utils.planning.config import DEFAULT_SHUFFLE_MEMORY_BYTES
+from torch_dataloader_utils.planning.epochs import Start
 
 BATCH = 1024
 WEIGHTS = {"web": 6, "code": 3, "math": 1}

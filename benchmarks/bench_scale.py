@@ -46,11 +46,12 @@ import numpy as np
 import pyarrow as pa
 from _bench_util import machine_note, per_call, plot_bars, rss_bytes, timed
 
-from torch_dataloader_utils._config import DatasetConfig
-from torch_dataloader_utils._epoch import Epochs, Progress, Start
-from torch_dataloader_utils._formats import FileMetadata
-from torch_dataloader_utils._index import DatasetIndex, IndexedFile
-from torch_dataloader_utils._plan import Generation, cut_splits
+from torch_dataloader_utils.checkpoint.state import Generation
+from torch_dataloader_utils.formats import FileMetadata
+from torch_dataloader_utils.index.index import DatasetIndex, IndexedFile
+from torch_dataloader_utils.index.splits import cut_splits
+from torch_dataloader_utils.planning.config import DatasetConfig
+from torch_dataloader_utils.planning.epochs import Epochs, Progress, Start
 
 TARGET_STATE_S = 1e-3
 TARGET_STATE_BYTES = 64 * 1024

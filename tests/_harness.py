@@ -30,7 +30,7 @@ import pyarrow as pa
 import torch
 
 from torch_dataloader_utils import StructuredDataLoader, StructuredDataset
-from torch_dataloader_utils._convert import JaggedArray
+from torch_dataloader_utils.base.jagged import JaggedArray
 
 __all__ = [
     "TRANSFORMS",
@@ -205,7 +205,7 @@ def join_read_ahead() -> None:
     """Wait for the read-ahead threads of abandoned iterators (they stop after one item)."""
     import gc
 
-    from torch_dataloader_utils import _prefetch
+    from torch_dataloader_utils.reading import prefetch as _prefetch
 
     gc.collect()
     for _, thread in list(_prefetch._running):
@@ -214,7 +214,7 @@ def join_read_ahead() -> None:
 
 def count_decoded_rows(monkeypatch: Any, fmt: str) -> list[tuple[int, int]]:
     """Record ``(first unit, rows decoded)`` of every ``read_units`` call of format ``fmt``."""
-    from torch_dataloader_utils._formats import get_format
+    from torch_dataloader_utils.formats import get_format
 
     read: list[tuple[int, int]] = []
     cls = type(get_format(fmt))

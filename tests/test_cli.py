@@ -22,7 +22,7 @@ from _s3server import FAKE_KEY, FAKE_SECRET, S3Env, s3_fixture, s3_server_fixtur
 from conftest import ROWS_PER_FILE
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils._cli import main
+from torch_dataloader_utils.cli import main
 
 ROWS = ROWS_PER_FILE
 TOTAL = sum(ROWS)
@@ -291,7 +291,7 @@ def test_bad_data_path_and_arguments(capsys: pytest.CaptureFixture[str], tmp_pat
 
 
 def test_storage_options_and_sizes() -> None:
-    from torch_dataloader_utils._cli._args import byte_size, storage_options
+    from torch_dataloader_utils.cli.args import byte_size, storage_options
 
     assert [byte_size(t) for t in ("4096", "64KiB", "2k", "128MiB", "1 GB")] == [
         4096, 65536, 2048, 128 * 2**20, 2**30,

@@ -21,7 +21,7 @@ import torch
 from _data import replace_parquet, rows_table, write_dataset, write_token_documents
 
 from torch_dataloader_utils import StructuredDataset, TokenPacking
-from torch_dataloader_utils._cli import main
+from torch_dataloader_utils.cli import main
 
 NAMES = ("web", "code")
 ROWS = {"web": 200, "code": 12}

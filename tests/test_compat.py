@@ -1,4 +1,4 @@
-"""The private APIs of other libraries this package uses (``_compat``) still work as used."""
+"""The private APIs of other libraries this package uses (``base.compat``) still work as used."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from torch_dataloader_utils import StructuredDataLoader
-from torch_dataloader_utils._compat import (
+from torch_dataloader_utils.base.compat import (
     ACCELERATE_PREPARED,
     accelerator_available,
     new_shared_storage,

@@ -1,4 +1,4 @@
-"""Arrow -> torch / numpy / arrow, column by column, as documented in ``_convert.py``."""
+"""Arrow -> torch / numpy / arrow, column by column, as documented in ``reading/convert.py``."""
 
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def test_unknown_output_is_rejected(typed_dir: Path):
 
 
 def _convert_error(column: pa.Array, output: str, name: str = "c") -> str:
-    from torch_dataloader_utils._convert import convert
+    from torch_dataloader_utils.reading.convert import convert
 
     with pytest.raises(ValueError) as exc:
         convert(pa.record_batch({name: column}), output, copy=True)

@@ -8,7 +8,7 @@ Launches (module-scoped, shared by the tests): 2 ranks x 2 workers train and are
 relaunch with 2 ranks; relaunch elastically with 3 ranks x 0 workers; 3 ranks train and stop;
 relaunch with 3 ranks; relaunch elastically with 1 rank x 2 workers.
 
-The rest of this file tests ``_distributed`` without torchrun: the ``src_rank=None`` path,
+The rest of this file tests ``checkpoint.distributed`` without torchrun: the ``src_rank=None`` path,
 validation, and the errors outside an initialised process group.
 """
 
@@ -35,7 +35,7 @@ from torch_dataloader_utils import (
     StructuredDataLoader,
     StructuredDataset,
 )
-from torch_dataloader_utils._distributed import gather_states, scatter_states
+from torch_dataloader_utils.checkpoint.distributed import gather_states, scatter_states
 
 TESTS = Path(__file__).parent
 JOB_SCRIPT = TESTS / "ddp" / "ddp_job.py"

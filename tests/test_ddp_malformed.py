@@ -20,7 +20,7 @@ from test_ddp import solo_group  # noqa: F401 (a fixture)
 from test_mixing import write_source
 
 from torch_dataloader_utils import InvalidStateError, StructuredDataset
-from torch_dataloader_utils._distributed import _Failure, _outcome
+from torch_dataloader_utils.checkpoint.distributed import _Failure, _outcome
 
 TESTS = Path(__file__).parent
 JOB_SCRIPT = TESTS / "ddp" / "malformed_job.py"

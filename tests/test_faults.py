@@ -18,7 +18,7 @@ from _faultproxy import FaultProxy, every, on_key
 from _s3server import FAKE_KEY, FAKE_SECRET, S3Env, s3_fixture, s3_server_fixture, storage_options  # noqa: F401
 
 from torch_dataloader_utils import DataSourceError, StructuredDataset
-from torch_dataloader_utils._retry import RetryPolicy, is_transient, retry_call
+from torch_dataloader_utils.storage.retry import RetryPolicy, is_transient, retry_call
 
 pytestmark = pytest.mark.s3
 

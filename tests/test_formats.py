@@ -12,7 +12,7 @@ import pytest
 from _data import rows_table, write_arrow, write_parquet
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils._formats import get_format
+from torch_dataloader_utils.formats import get_format
 
 
 def _meta(fmt: str, path: Path):
@@ -137,7 +137,7 @@ def _nested_ipc(compression: str | None = None) -> bytes:
 @pytest.mark.parametrize("compression", [None, "zstd"])
 @pytest.mark.parametrize("columns", [["s"], ["l", "a"], ["st"], ["b", "s", "a"], None])
 def test_arrow_projected_reads_touch_only_their_spans(compression: str | None, columns: list):
-    from torch_dataloader_utils._remote import RemoteFile, RemoteObject
+    from torch_dataloader_utils.storage.remote import RemoteFile, RemoteObject
 
     data = _nested_ipc(compression)
     fmt = get_format("arrow")

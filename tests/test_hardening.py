@@ -33,7 +33,7 @@ from torch_dataloader_utils import (
     TokenPacking,
     UnsendableBatchError,
 )
-from torch_dataloader_utils._cli import main
+from torch_dataloader_utils.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -404,7 +404,7 @@ def test_a_corrupt_record_batch_header_is_not_an_empty_batch(tmp_path: Path):
     """A header corrupted where its row count was read as 0 rows (a flatbuffer leaves a
     default out): the batch was never read, its 10 rows lost without an error, where pyarrow
     refuses the file ("Invalid flatbuffers message")."""
-    from torch_dataloader_utils._formats._ipc_footer import read_footer
+    from torch_dataloader_utils.formats.ipc_footer import read_footer
 
     path = tmp_path / "corrupt.arrow"
     table = pa.table({"id": pa.array(np.arange(20))})

@@ -19,9 +19,9 @@ import pyarrow.ipc
 import pyarrow.parquet as pq
 import pytest
 
-from torch_dataloader_utils._formats import get_format
-from torch_dataloader_utils._formats._base import read_at
-from torch_dataloader_utils._formats._ipc_footer import IpcFooter, _Table, read_footer
+from torch_dataloader_utils.formats import get_format
+from torch_dataloader_utils.formats.base import read_at
+from torch_dataloader_utils.formats.ipc_footer import IpcFooter, _Table, read_footer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -216,7 +216,7 @@ def test_block_count_must_agree_with_pyarrow(tmp_path: Path, monkeypatch: pytest
 def test_signed_plaintext_footer_is_recognised_without_touching_columns():
     from types import SimpleNamespace
 
-    from torch_dataloader_utils._formats.parquet import _refuse_encrypted
+    from torch_dataloader_utils.formats.parquet import _refuse_encrypted
 
     tail = (1116).to_bytes(4, "little") + b"PAR1"
     source = pa.BufferReader(b"\0" * 100 + tail)

@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torch_dataloader_utils import SchemaMismatchError
-from torch_dataloader_utils._footers import TAIL, TailFile
-from torch_dataloader_utils._formats import get_format
-from torch_dataloader_utils._index import MAX_FILE_GROUPS, _root, build_index
-from torch_dataloader_utils._storage import Storage
+from torch_dataloader_utils.formats import get_format
+from torch_dataloader_utils.index.footers import TAIL, TailFile
+from torch_dataloader_utils.index.index import MAX_FILE_GROUPS, _root, build_index
+from torch_dataloader_utils.storage.filesystem import Storage
 
 
 def _index(path: Path | str | list[str], split_bytes: int = 2**30, columns=None, fmt="parquet"):

@@ -15,8 +15,9 @@ import pytest
 import torch.utils.data
 from _data import rows_table, write_dataset, write_parquet
 
-from torch_dataloader_utils import StructuredDataset, _index
-from torch_dataloader_utils._cache import CachedMetadata, cache_dir
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.index import index as _index
+from torch_dataloader_utils.index.cache import CachedMetadata, cache_dir
 
 ROWS = (40, 30, 50, 20)
 
@@ -105,7 +106,7 @@ def test_disabled_cache_reads_every_footer(
 def test_unusable_cache_warns_once_and_builds(
     tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    from torch_dataloader_utils import _cache
+    from torch_dataloader_utils.index import cache as _cache
 
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
@@ -256,7 +257,7 @@ def test_damaged_cache_file_is_rebuilt_never_an_error(
 def test_locked_cache_is_bypassed_with_a_warning(
     cache: Path, data: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
 ):
-    from torch_dataloader_utils import _cache
+    from torch_dataloader_utils.index import cache as _cache
 
     StructuredDataset(str(data))
     monkeypatch.setattr(_cache, "_BUSY_SECONDS", 0.05)

@@ -17,8 +17,10 @@ import _harness
 import pytest
 from _data import write_dataset
 
-from torch_dataloader_utils import StructuredDataset, _cache, _index
-from torch_dataloader_utils._formats import get_format
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.formats import get_format
+from torch_dataloader_utils.index import cache as _cache
+from torch_dataloader_utils.index import index as _index
 
 ROWS = (60, 50, 70, 40)  # row groups of 9: 26 row groups, 9 flips to 8, 6 to 7 ...
 CACHE_FILE = "index-v4.sqlite"

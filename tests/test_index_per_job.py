@@ -22,10 +22,11 @@ from _faultproxy import FaultProxy
 from _launch import run_logged, torchrun
 from _s3server import S3Env, s3_fixture, s3_server_fixture, storage_options  # noqa: F401
 
-from torch_dataloader_utils import _distributed, _index
-from torch_dataloader_utils._distributed import spans_process_group
-from torch_dataloader_utils._formats import get_format
-from torch_dataloader_utils._storage import Storage
+from torch_dataloader_utils.checkpoint import distributed as _distributed
+from torch_dataloader_utils.checkpoint.distributed import spans_process_group
+from torch_dataloader_utils.formats import get_format
+from torch_dataloader_utils.index import index as _index
+from torch_dataloader_utils.storage.filesystem import Storage
 
 TESTS = Path(__file__).parent
 JOB_SCRIPT = TESTS / "ddp" / "index_job.py"

@@ -3,7 +3,7 @@
 Lightning saves ``loader.state_dict()`` in its checkpoints and loads it on ``fit(ckpt_path=...)``.
 When the loader has no ``len()`` (token packing), Lightning's fetcher reads one batch ahead,
 so the state was taken with a batch handed out and not trained: one batch lost per resume.
-The loader now leaves out batches held unread (``_handout``); these jobs prove it with the
+The loader now leaves out batches held unread (``api.handout``); these jobs prove it with the
 code a user writes (``tests/trainers/lightning_job.py``): train, checkpoint every few steps,
 crash after more steps; a new process resumes with ``fit(ckpt_path="last")`` or a path. What
 every step trained on is compared with the uninterrupted epoch, computed here in-process:
@@ -77,7 +77,7 @@ def test_lightning_resumes_exactly_in_one_process(
     # where _compat.LIGHTNING_LOADER_STATES says Lightning keeps the loader's state
     import torch
 
-    from torch_dataloader_utils._compat import LIGHTNING_LOADER_STATES
+    from torch_dataloader_utils.base.compat import LIGHTNING_LOADER_STATES
 
     found = torch.load(tmp_path / "packed-w0" / "ckpt" / "last.ckpt", weights_only=False)
     for key in LIGHTNING_LOADER_STATES:

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils._convert import JaggedArray, JaggedTensorParts, convert, is_jagged
-from torch_dataloader_utils._packets import _lengths
-from torch_dataloader_utils._row_bytes import converted_row_bytes
-from torch_dataloader_utils._transport import SharedSlots, pack, tensor_bytes
+from torch_dataloader_utils.base.jagged import JaggedArray, JaggedTensorParts, is_jagged
+from torch_dataloader_utils.base.row_bytes import converted_row_bytes
+from torch_dataloader_utils.reading.convert import convert
+from torch_dataloader_utils.reading.packets import _lengths
+from torch_dataloader_utils.transport.slots import SharedSlots, pack, tensor_bytes
 
 ROWS = 600  # over two files
 ITEMS = {

@@ -12,8 +12,8 @@ import pytest
 from _data import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils._index import _local_rank
-from torch_dataloader_utils._retry import RetryPolicy, retry_call
+from torch_dataloader_utils.index.index import _local_rank
+from torch_dataloader_utils.storage.retry import RetryPolicy, retry_call
 
 LOGGER = "torch_dataloader_utils"
 
@@ -88,7 +88,7 @@ def test_the_library_prints_nothing(tmp_path: Path, capfd: pytest.CaptureFixture
 _UNCONFIGURED = """
 import logging, sys
 import torch_dataloader_utils
-from torch_dataloader_utils._retry import RetryPolicy, retry_call
+from torch_dataloader_utils.storage.retry import RetryPolicy, retry_call
 
 def flaky():
     flaky.calls += 1

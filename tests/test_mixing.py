@@ -29,13 +29,13 @@ from torch_dataloader_utils import (
     Source,
     StructuredDataset,
     TokenPacking,
-    _mix_stream,
 )
-from torch_dataloader_utils._epoch import Start
-from torch_dataloader_utils._mix_state import encode_mixture
-from torch_dataloader_utils._mix_stream import _interleaved
-from torch_dataloader_utils._phases import phase_interleave, phase_sources, phases, stream_end
-from torch_dataloader_utils._schedule import MAX_PERIOD, Interleave, Schedule
+from torch_dataloader_utils.mixing import stream as _mix_stream
+from torch_dataloader_utils.mixing.phases import phase_interleave, phase_sources, phases, stream_end
+from torch_dataloader_utils.mixing.schedule import MAX_PERIOD, Interleave, Schedule
+from torch_dataloader_utils.mixing.state import encode_mixture
+from torch_dataloader_utils.mixing.stream import _interleaved
+from torch_dataloader_utils.planning.epochs import Start
 
 # Source s holds ids s * _SPAN + [0, rows): a row's id tells its source and row.
 _SPAN = 1_000_000
@@ -735,7 +735,7 @@ def test_the_plan_command_shows_what_a_step_reads(
 ) -> None:
     """``plan --source ... --step K`` names the source, file and row of every row of batch
     ``K``, as the loader then delivers it; and the rows of each source an epoch reads."""
-    from torch_dataloader_utils._cli import main
+    from torch_dataloader_utils.cli import main
 
     rows = {"web": 70, "code": 30, "math": 12}
     paths = {n: write_source(tmp_path, n, i, r) for i, (n, r) in enumerate(rows.items())}

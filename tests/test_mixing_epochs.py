@@ -25,7 +25,7 @@ from test_mixing import (
 )
 
 from torch_dataloader_utils import StructuredDataset, TokenPacking
-from torch_dataloader_utils._mix_state import encode_mixture
+from torch_dataloader_utils.mixing.state import encode_mixture
 
 _DOCS = Path(__file__).resolve().parents[1] / "docs" / "mixing.md"
 

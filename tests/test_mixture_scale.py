@@ -18,7 +18,7 @@ from test_mixing import (
 )
 
 from torch_dataloader_utils import CheckpointMismatchError, InvalidStateError, StructuredDataset
-from torch_dataloader_utils._mix_state import expanded
+from torch_dataloader_utils.mixing.state import expanded
 
 SOURCES = 100
 # Sources of 20 and 40 rows weighed 1 and 2: an epoch of their 3,000 rows is 20 periods of

@@ -28,9 +28,9 @@ from torch_dataloader_utils import (
     StructuredDataset,
     UnsendableBatchError,
 )
-from torch_dataloader_utils import _reader as reader_module
-from torch_dataloader_utils._packets import _lengths
-from torch_dataloader_utils._transport import Derived, Packet, SharedSlots, Unjoined, pack
+from torch_dataloader_utils.reading import reader as reader_module
+from torch_dataloader_utils.reading.packets import _lengths
+from torch_dataloader_utils.transport.slots import Derived, Packet, SharedSlots, Unjoined, pack
 
 FORK = {"multiprocessing_context": "fork"}  # workers inherit the test's monkeypatches
 

@@ -32,8 +32,8 @@ from _data import rows_table, write_dataset
 from _s3server import FAKE_KEY, FAKE_SECRET, S3Env, s3_fixture, s3_server_fixture  # noqa: F401
 
 from torch_dataloader_utils import CheckpointMismatchError, DataSourceError, StructuredDataset
-from torch_dataloader_utils._secrets import Redactor, secret_values
-from torch_dataloader_utils._storage import Storage
+from torch_dataloader_utils.storage.filesystem import Storage
+from torch_dataloader_utils.storage.secrets import Redactor, secret_values
 
 ROWS = (90, 60, 110)  # 260 rows in row groups of 10: 26 row groups over 3 objects
 TOTAL = sum(ROWS)
@@ -150,7 +150,7 @@ def test_missing_prefix_and_bucket_name_the_path(store: Store, dataset_url: str)
 def test_second_build_reads_no_footers(
     store: Store, dataset_url: str, monkeypatch: pytest.MonkeyPatch
 ):
-    from torch_dataloader_utils import _index
+    from torch_dataloader_utils.index import index as _index
 
     StructuredDataset(dataset_url, storage_options=store.options)
     calls: list[str] = []
@@ -182,7 +182,7 @@ def _stored_bytes(local: Path, columns: set[str] | None) -> int:
 def test_an_epoch_fetches_at_most_110_percent_of_the_stored_bytes(
     store: Store, dataset_url: str, local_data: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    from torch_dataloader_utils import _remote
+    from torch_dataloader_utils.storage import remote as _remote
 
     fetched: list[int] = []
     original = _remote.RemoteObject.get

@@ -8,9 +8,11 @@ from _orders import stream_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_dataloader_utils._formats import FileMetadata
-from torch_dataloader_utils._index import DatasetIndex, IndexedFile
-from torch_dataloader_utils._order import (
+from torch_dataloader_utils.checkpoint.state import Generation
+from torch_dataloader_utils.formats import FileMetadata
+from torch_dataloader_utils.index.index import DatasetIndex, IndexedFile
+from torch_dataloader_utils.index.splits import cut_splits
+from torch_dataloader_utils.planning.order import (
     BLOCKS_PER_WINDOW,
     Shuffle,
     ShuffledShare,
@@ -20,7 +22,7 @@ from torch_dataloader_utils._order import (
     permuted,
     shuffled_sequence,
 )
-from torch_dataloader_utils._plan import EpochPlan, Generation, Pieces, cut_splits
+from torch_dataloader_utils.planning.plan import EpochPlan, Pieces
 
 
 @given(st.integers(0, 5000), st.integers(0, 2**64 - 1))

@@ -18,16 +18,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torch_dataloader_utils._order import permutation
-from torch_dataloader_utils._plan import (
-    EpochPlan,
-    Generation,
-    Pieces,
-    Split,
-    cut_splits,
-    deal,
-)
-from torch_dataloader_utils._world import World
+from torch_dataloader_utils.base.world import World
+from torch_dataloader_utils.checkpoint.state import Generation
+from torch_dataloader_utils.index.splits import Split, cut_splits
+from torch_dataloader_utils.planning.order import permutation
+from torch_dataloader_utils.planning.plan import EpochPlan, Pieces, deal
 
 # One file: a list of (bytes, rows) per unit; rows may be 0 (empty row groups exist).
 unit = st.tuples(st.integers(1, 500), st.integers(0, 50))

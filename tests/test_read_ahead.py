@@ -23,8 +23,9 @@ import pytest
 from _s3server import S3Env, s3_fixture, s3_server_fixture  # noqa: F401
 from fsspec.implementations.memory import MemoryFileSystem
 
-from torch_dataloader_utils import StructuredDataset, _remote
-from torch_dataloader_utils._footers import TAIL
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.index.footers import TAIL
+from torch_dataloader_utils.storage import remote as _remote
 
 FILES = 4
 ROWS = 40_000  # per file: 8 float64/int64 columns, ~2.5 MB of barely compressible values
@@ -200,7 +201,7 @@ def memory_ipc_files() -> Iterator[tuple[str, list[bytes]]]:
 
 def _ipc_layout(data: bytes) -> tuple[int, list[tuple[int, int, int]]]:
     """The footer's offset and each batch's (offset, header length, body length)."""
-    from torch_dataloader_utils._formats._ipc_footer import read_footer
+    from torch_dataloader_utils.formats.ipc_footer import read_footer
 
     footer = read_footer(lambda at, n: data[at : at + n], len(data))
     return footer.offset, [(b.offset, b.header, b.body) for b in footer.blocks]

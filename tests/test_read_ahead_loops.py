@@ -3,7 +3,7 @@
 A trainer that reads one batch ahead (Lightning's fetcher when the loader has no ``len()``, a
 hand-written loop that fetches the next batch before the step) holds a batch the loader has
 handed out but no step has used. ``loader.state_dict()`` leaves out such batches (dict
-batches tell the loader when they are first read: ``torch_dataloader_utils._handout``), so a
+batches tell the loader when they are first read: ``torch_dataloader_utils.api.handout``), so a
 resume trains them: 0 lost, 0 repeated, the uninterrupted order, with 0 and 2 workers,
 shuffled, and packed to the token.
 """
@@ -23,7 +23,7 @@ import torch
 from _data import write_token_documents
 
 from torch_dataloader_utils import TokenPacking
-from torch_dataloader_utils._handout import KEEP, UnreadBatch
+from torch_dataloader_utils.api.handout import KEEP, UnreadBatch
 
 WORKERS = (0, 2)
 

@@ -18,8 +18,8 @@ import pytest
 from _data import rows_table, write_dataset, write_parquet
 
 from torch_dataloader_utils import CheckpointMismatchError, InvalidStateError, StructuredDataset
-from torch_dataloader_utils._distributed import scatter_states
-from torch_dataloader_utils._prefetch import prefetch
+from torch_dataloader_utils.checkpoint.distributed import scatter_states
+from torch_dataloader_utils.reading.prefetch import prefetch
 
 
 def test_recursive_glob_skips_hidden_and_underscore_directories(tmp_path: Path):

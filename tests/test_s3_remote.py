@@ -20,8 +20,8 @@ import pytest
 from _data import rows_table, write_dataset
 
 from torch_dataloader_utils import DataSourceError, StructuredDataset
-from torch_dataloader_utils._formats import get_format
-from torch_dataloader_utils._remote import (
+from torch_dataloader_utils.formats import get_format
+from torch_dataloader_utils.storage.remote import (
     Group,
     PieceReads,
     ReadAhead,
@@ -29,7 +29,7 @@ from torch_dataloader_utils._remote import (
     RemoteObject,
     plan_groups,
 )
-from torch_dataloader_utils._retry import RetryPolicy
+from torch_dataloader_utils.storage.retry import RetryPolicy
 
 
 class Recorder:

@@ -1,5 +1,6 @@
-"""Which values are credentials and how they are scrubbed (``_secrets``), and how an SDK's error
-is told in words (``_backends.cause``). No server: the exceptions are built as the SDKs build them.
+"""Which values are credentials and how they are scrubbed (``storage.secrets``), and how an
+SDK's error is told in words (``storage.backends.cause``). No server: the exceptions are built
+as the SDKs build them.
 """
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ import base64
 import errno
 import socket
 
-from torch_dataloader_utils._backends import cause, http_status
-from torch_dataloader_utils._retry import is_transient
-from torch_dataloader_utils._secrets import Redactor, secret_values, url_secrets
+from torch_dataloader_utils.storage.backends import cause, http_status
+from torch_dataloader_utils.storage.retry import is_transient
+from torch_dataloader_utils.storage.secrets import Redactor, secret_values, url_secrets
 
 TOKEN = "ya29.a0SECRET/tok+en=%41"
 

@@ -17,7 +17,7 @@ import torch
 from _data import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils._transport import SharedSlots, Slab
+from torch_dataloader_utils.transport.slots import SharedSlots, Slab
 
 
 @pytest.fixture
@@ -156,7 +156,7 @@ def test_end_wakes_a_waiting_worker() -> None:
 
 
 def test_an_orphaned_worker_exits(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch_dataloader_utils import _transport
+    from torch_dataloader_utils.transport import slots as _transport
 
     slots = SharedSlots(num_workers=1, slots=1, slot_bytes=1 << 12)
     slots.begin(fresh_epoch=0)

@@ -15,7 +15,8 @@ from _orders import stream_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_dataloader_utils import StructuredDataset, _stream
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.reading import stream as _stream
 
 # About 23 rows a window on this data (three windows' worth fill the budget).
 SMALL_BUDGET = 4096

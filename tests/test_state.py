@@ -17,13 +17,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils._config import DatasetConfig
-from torch_dataloader_utils._epoch import Epochs, Progress, Start
-from torch_dataloader_utils._errors import CheckpointMismatchError, InvalidStateError
-from torch_dataloader_utils._formats import FileMetadata
-from torch_dataloader_utils._index import DatasetIndex, IndexedFile
-from torch_dataloader_utils._plan import Split
-from torch_dataloader_utils._state import STATE_VERSION, Settings, StreamEntry, decode, encode
+from torch_dataloader_utils.base.errors import CheckpointMismatchError, InvalidStateError
+from torch_dataloader_utils.checkpoint.state import (
+    STATE_VERSION,
+    Settings,
+    StreamEntry,
+    decode,
+    encode,
+)
+from torch_dataloader_utils.formats import FileMetadata
+from torch_dataloader_utils.index.index import DatasetIndex, IndexedFile
+from torch_dataloader_utils.index.splits import Split
+from torch_dataloader_utils.planning.config import DatasetConfig
+from torch_dataloader_utils.planning.epochs import Epochs, Progress, Start
 
 KEYS = {
     "version", "epoch", "_num_workers", "_shuffle_seed", "_shuffle", "_split_bytes", "_rank",

@@ -17,7 +17,7 @@ from torch_dataloader_utils import (
     StructuredDataset,
     TokenPacking,
 )
-from torch_dataloader_utils._stats import Recorder, batch_rows, verdict
+from torch_dataloader_utils.api.stats import Recorder, batch_rows, verdict
 
 
 def _loader(root: Path, workers: int, **kwargs: Any) -> Any:

@@ -12,7 +12,7 @@ import pytest
 from _data import ids_of, rows_table, write_arrow, write_dataset, write_parquet
 
 from torch_dataloader_utils import DataSourceError, StructuredDataset
-from torch_dataloader_utils._storage import Storage
+from torch_dataloader_utils.storage.filesystem import Storage
 
 
 def _names(entries, root: Path) -> list[str]:

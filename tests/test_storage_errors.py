@@ -49,10 +49,10 @@ from _faultproxy import FaultProxy, every
 from _s3server import s3_fixture, s3_server_fixture  # noqa: F401
 
 from torch_dataloader_utils import DataSourceError, StructuredDataset
-from torch_dataloader_utils._cli import main
-from torch_dataloader_utils._compat import strip_protocol
-from torch_dataloader_utils._retry import RetryPolicy, is_transient, retry_call
-from torch_dataloader_utils._storage import Storage
+from torch_dataloader_utils.base.compat import strip_protocol
+from torch_dataloader_utils.cli import main
+from torch_dataloader_utils.storage.filesystem import Storage
+from torch_dataloader_utils.storage.retry import RetryPolicy, is_transient, retry_call
 
 # Credentials with the characters that encodings change.
 TOKEN = "ya29.a0SECRET/tok+en=%41z"

@@ -16,8 +16,8 @@ import pytest
 from _data import write_dataset
 
 from torch_dataloader_utils import Source, StructuredDataset, TokenPacking
-from torch_dataloader_utils._mixture import MAX_EPOCH_SIZE
-from torch_dataloader_utils._tokens import PACKED_KEYS
+from torch_dataloader_utils.mixing.source import MAX_EPOCH_SIZE
+from torch_dataloader_utils.planning.tokens import PACKED_KEYS
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""A shuffle window's gather (``_window``): the rows of Arrow's ``take``, whatever the types."""
+"""A shuffle window's gather (``reading.window``): the rows of Arrow's ``take``, whatever the
+types."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from torch_dataloader_utils._convert import convert
-from torch_dataloader_utils._window import Window, owned
+from torch_dataloader_utils.reading.convert import convert
+from torch_dataloader_utils.reading.window import Window, owned
 
 
 def _batch(rows: int) -> pa.RecordBatch:

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from _data import write_dataset
 
-from torch_dataloader_utils import StructuredDataset, _stream
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.reading import stream as _stream
 
 FILES, ROWS = 16, 40
 

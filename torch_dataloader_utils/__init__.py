@@ -1,7 +1,9 @@
 """Stream Parquet/Arrow files into PyTorch with exact, content-addressed mid-epoch resume."""
 
-from ._dataset import StructuredDataset
-from ._errors import (
+from .api.dataset import StructuredDataset
+from .api.loader import StructuredDataLoader
+from .api.stats import LoaderStats, LoopStats
+from .base.errors import (
     CheckpointMismatchError,
     DataLoaderUtilsError,
     DataSourceError,
@@ -10,10 +12,8 @@ from ._errors import (
     SchemaMismatchError,
     UnsendableBatchError,
 )
-from ._loader import StructuredDataLoader
-from ._mixture import Source
-from ._stats import LoaderStats, LoopStats
-from ._tokens import TokenPacking
+from .mixing.source import Source
+from .planning.tokens import TokenPacking
 
 __all__ = [
     "CheckpointMismatchError",

@@ -1,5 +1,5 @@
 """``python -m torch_dataloader_utils``: the command line (``docs/cli.md``)."""
 
-from ._cli import main
+from .cli import main
 
 raise SystemExit(main())

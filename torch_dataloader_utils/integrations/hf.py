@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, get_last_checkpoint
 
-from .._loader import StructuredDataLoader
+from ..api.loader import StructuredDataLoader
 
 __all__ = ["LOADER_STATE_FILE", "StructuredTrainer", "StructuredTrainerMixin"]
 

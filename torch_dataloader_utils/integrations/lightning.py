@@ -17,7 +17,7 @@ import torch.distributed as dist
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 
-from .._compat import LIGHTNING_LOADER_STATES
+from ..base.compat import LIGHTNING_LOADER_STATES
 
 __all__ = ["LoaderStatesPerRank"]
 

@@ -1,0 +1,192 @@
+"""``Source``: one named dataset of a mixture, and the checks of a mixture's arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from ..base.args import (
+    PathArg,
+    dataset_paths,
+    optional_mapping,
+    optional_name,
+    optional_whole,
+    whole,
+)
+from ..base.errors import SchemaMismatchError
+from ..formats import get_format
+from ..index.index import column_differences
+from ..planning.tokens import PACKED_KEYS
+
+__all__ = [
+    "MAX_EPOCH_SIZE",
+    "Source",
+    "SourceSpec",
+    "check_schemas",
+    "mixture_sources",
+    "source_column_name",
+]
+
+# Positions of a mixture epoch, at most (``epoch_size``, and a state's): far beyond any job,
+# well within int64.
+MAX_EPOCH_SIZE = 2**48
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """A dataset of a mixture where it differs from the others: its files, and (``None``: the
+    dataset's argument) its format, storage options, split size and shuffle memory budget.
+
+    ``create_dataloader({"web": Source(path="s3://web/", storage_options=...), "code":
+    "data/code/"}, weights={"web": 7, "code": 3})``; a plain path stands for ``Source(path=...)``.
+
+    A source cycles through its epochs; with ``max_epochs`` each stream reads at most that many
+    epochs of it, and then ``when_exhausted="renormalize"`` lets the other sources go on under
+    their own weights, ``"stop"`` ends the stream.
+
+    Each source shuffles in windows of its own: a stream of a mixture holds up to the sum of
+    its sources' ``shuffle_memory_bytes`` (``docs/mixing.md``).
+    """
+
+    path: PathArg
+    format: str | None = None
+    storage_options: Mapping[str, Any] | None = None
+    split_bytes: int | None = None
+    shuffle_memory_bytes: int | None = None
+    max_epochs: int | None = None
+    when_exhausted: str = "renormalize"
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A source as the dataset builds it: its name, weight and resolved arguments."""
+
+    name: str
+    weight: int
+    path: str | Sequence[str]
+    format: str
+    storage_options: Mapping[str, Any] | None
+    split_bytes: int
+    memory_bytes: int
+    max_epochs: int | None
+    stops: bool
+
+
+def mixture_sources(
+    paths: Mapping[str, PathArg | Source],
+    weights: Mapping[str, int] | None,
+    *,
+    format: str,
+    storage_options: Mapping[str, Any] | None,
+    split_bytes: int,
+    shuffle_memory_bytes: int,
+) -> tuple[SourceSpec, ...]:
+    """The sources of ``paths``, in its order, with ``weights``: one positive int per name."""
+    if not paths:
+        raise ValueError("a mixture needs at least one source; got an empty mapping")
+    if not isinstance(weights, Mapping):
+        raise TypeError(
+            f"a mixture of sources {list(paths)} needs weights=, one int per source, e.g. "
+            f"weights={{{', '.join(f'{n!r}: 1' for n in paths)}}}; got {weights!r:.80}"
+        )
+    names = list(paths)
+    if set(weights) != set(names):
+        raise ValueError(
+            f"weights name sources {list(weights)}, but the mixture has sources {names}: "
+            f"give one weight per source (missing {[n for n in names if n not in weights]}, "
+            f"unknown {[n for n in weights if n not in paths]})"
+        )
+    specs = []
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"source names must be non-empty strings, got {name!r}")
+        given = paths[name]
+        source = given if isinstance(given, Source) else Source(path=given)
+        specs.append(
+            SourceSpec(
+                name=name,
+                weight=whole(f"weights[{name!r}]", weights[name], at_least=1),
+                path=dataset_paths(f"the path of source {name!r}", source.path),
+                format=format if source.format is None else _format(name, source.format),
+                storage_options=storage_options
+                if source.storage_options is None
+                else optional_mapping(
+                    f"storage_options of source {name!r}", source.storage_options
+                ),
+                split_bytes=split_bytes
+                if source.split_bytes is None
+                else whole(f"split_bytes of source {name!r}", source.split_bytes, at_least=1),
+                memory_bytes=shuffle_memory_bytes
+                if source.shuffle_memory_bytes is None
+                else whole(
+                    f"shuffle_memory_bytes of source {name!r}",
+                    source.shuffle_memory_bytes,
+                    at_least=1,
+                ),
+                max_epochs=optional_whole(
+                    f"max_epochs of source {name!r}", source.max_epochs, at_least=1
+                ),
+                stops=_stops(name, source.when_exhausted),
+            )
+        )
+    return tuple(specs)
+
+
+def _format(name: str, format: object) -> str:
+    """A source's ``format``: the name of a supported one."""
+    if not isinstance(format, str):
+        raise TypeError(f"format of source {name!r} must be a str, got {format!r:.80}")
+    try:
+        get_format(format)
+    except ValueError as exc:
+        raise ValueError(f"format of source {name!r}: {exc}") from None
+    return format
+
+
+def source_column_name(value: object, *, packed: bool) -> str | None:
+    """``source_column`` checked: ``None``, or a name; not a key of a packed batch (nor, once
+    the sources' columns are known, one of them)."""
+    name = optional_name("source_column", value)
+    if packed and name in PACKED_KEYS:
+        raise ValueError(
+            f"source_column={name!r} is a key of a packed batch ({', '.join(PACKED_KEYS)}): "
+            f"pass source_column= another name"
+        )
+    return name
+
+
+def _stops(name: str, policy: object) -> bool:
+    if policy not in _POLICIES:
+        raise ValueError(
+            f"when_exhausted of source {name!r} must be one of {list(_POLICIES)}, got {policy!r}"
+        )
+    return policy == "stop"
+
+
+_POLICIES = ("renormalize", "stop")
+
+
+def check_schemas(names: Sequence[str], schemas: Sequence[pa.Schema]) -> None:
+    """Every source holds the first's columns with the same types and nullability: the rule of
+    one dataset's files (``index.index.column_differences``), but in any order, since a mixture
+    joins its sources' columns by name. Otherwise an error naming both sources and the column."""
+    first, reference = names[0], schemas[0]
+    for name, schema in zip(names[1:], schemas[1:], strict=True):
+        if schema.equals(reference):
+            continue  # the same order too: columns of one name are joined by their place
+        for column, ours, theirs in column_differences(reference, schema)[:1]:
+            raise SchemaMismatchError(
+                f"sources {first!r} and {name!r} differ in column {column!r}: {ours} in "
+                f"{first!r}, {theirs} in {name!r}; pass columns= to read the columns they "
+                f"agree on, or rewrite one source's files with the other's schema"
+            )
+        twice = next((c for c in reference.names if reference.names.count(c) > 1), None)
+        if twice is not None:
+            raise SchemaMismatchError(
+                f"sources {first!r} and {name!r} hold their columns in different orders and "
+                f"two columns named {twice!r}: a mixture joins its sources' columns by name; "
+                f"rename the columns in the data, or pass columns= without {twice!r}"
+            )

@@ -1,0 +1,329 @@
+"""Reading one stream of a mixture: each source's rows in its own order, interleaved by the
+schedule, in chunks whose rows are in the order of the mixed positions."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from ..base.arrays import IntArray, as_arrow, is_number, numbers
+from ..base.errors import DataSourceError
+from ..planning.plan import Position
+from ..planning.tokens import TokenPacking
+from ..reading.packing import Pending, documents, packed_batch
+from ..reading.stream import Chunk, SourceFiles, chunk_rows
+from ..reading.window import Rows, gather
+from .epochs import MixedProgress, MixPosition
+from .schedule import Interleave
+
+__all__ = ["MixedSource"]
+
+# Mixed positions assembled at a time (at least a batch): one scatter of every column per chunk.
+_MIX_ROWS = 65_536
+# Chunks without a token a packed source may read in a row before it is refused.
+_MAX_EMPTY_CHUNKS = 1000
+
+
+@dataclass(frozen=True)
+class MixedSource:
+    """Stream ``worker`` of a mixture's iteration; ``sources[s]`` opens source ``s`` for a given
+    order (its storage, format and columns). Its rows carry the column ``source_column``: the
+    number of the source each row comes from."""
+
+    progress: MixedProgress
+    worker: int
+    sources: Sequence[SourceFiles]
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.progress.mix.schema
+
+    @property
+    def decodes_into_new_memory(self) -> bool:
+        return True  # every chunk is a fresh gather
+
+    @property
+    def total(self) -> int:
+        return self.progress.total(self.worker)
+
+    def describe_at(self, position: Position) -> str:
+        """The source rows just before ``position``: each source's split there."""
+        places = self.progress.places(self.worker, max(0, position))
+        names = self.progress.mix.names
+        return "; ".join(
+            f"source {names[s]!r} epoch {p.epoch}: {p.order.describe_at(p.offset)}"
+            for s, p in enumerate(places)
+        )
+
+    def read_rows(self, batch_size: int) -> int:
+        """Positions mixed at a time: as many as a chunk of the widest source read in order,
+        at most ``_MIX_ROWS`` (at least a batch)."""
+        widest = max(epochs.index.row_bytes() for epochs in self.progress.mix.sources)
+        return max(batch_size, min(_MIX_ROWS, chunk_rows(widest, batch_size)))
+
+    def chunks(
+        self, start: Position, min_rows: int, read_ahead: int = 0, *, rows: bool = False
+    ) -> Iterator[tuple[pa.RecordBatch, int]]:
+        """Chunks of the mixed rows from ``start`` to the end of the epoch, each with the
+        position after its last row (record batches, also with ``rows``)."""
+        progress = self.progress
+        feeds = [
+            _Feed(self, s, int(n), min_rows, read_ahead, as_rows=True)
+            for s, n in enumerate(progress.counts(self.worker, start).tolist())
+        ]
+        step, total = self.read_rows(min_rows), self.total
+        try:
+            for lo in range(start, total, step):
+                hi = min(lo + step, total)
+                mixed = progress.interleave(self.worker, lo, hi)
+                parts = [feed.take(len(p)) for feed, p in zip(feeds, mixed.places, strict=True)]
+                yield _interleaved(parts, mixed, progress.mix.source_schema,
+                                   progress.mix.source_column), hi  # fmt: skip
+        finally:
+            for feed in feeds:
+                feed.close()
+
+    def packed(
+        self,
+        packing: TokenPacking,
+        *,
+        start: Position,
+        batch_size: int,
+        drop_last: bool,
+        skips: Mapping[int, int],
+        read_ahead: int = 0,
+        position_ids: object = None,
+    ) -> Iterator[tuple[dict[str, Any], Position]]:
+        """Batches of ``batch_size`` sequences from ``start`` to the end of the epoch: each
+        source packs its own documents, and the schedule deals the sequences. ``skips`` is
+        for one dataset's stream: a mixture's packers know their own cut documents (``start``
+        and the elastic deals of ``MixedEpochs.skips``)."""
+        progress, seq_len = self.progress, packing.seq_len
+        assert isinstance(start, MixPosition)
+        packers = []
+        stream, workers = progress.stream(self.worker), progress.num_workers
+        for s, (row, tokens) in enumerate(start.sources):
+            feed = _Feed(self, s, row, 1, read_ahead)
+            describe = functools.partial(self._describe_row, s)
+            cut = {r: t for r, t in progress.mix.skips(s, stream, workers).items() if r >= row}
+            if tokens:
+                cut[row] = tokens
+            packers.append(_Packer(feed, packing, cut, (row, tokens), describe))
+        end = (
+            self.total if not drop_last else start + (self.total - start) // batch_size * batch_size
+        )
+        try:
+            for lo in range(start, end, batch_size):
+                hi = min(lo + batch_size, end)
+                mixed = progress.interleave(self.worker, lo, hi)
+                blocks = [p.take(len(n)) for p, n in zip(packers, mixed.places, strict=True)]
+                batch = _mixed_sequences(blocks, mixed, seq_len, position_ids)
+                if progress.mix.source_column is not None:
+                    batch[progress.mix.source_column] = mixed.sources.copy()
+                yield batch, MixPosition(hi, tuple(p.position for p in packers))
+        finally:
+            for packer in packers:
+                packer.close()
+
+    def _describe_row(self, source: int, row: int) -> str:
+        """Row ``row`` (over all epochs) of source ``source`` of this stream, for errors."""
+        progress = self.progress
+        place = progress.mix.place(source, progress.stream(self.worker), max(0, row - 1),
+                                   progress.num_workers)  # fmt: skip
+        return (
+            f"source {progress.mix.names[source]!r} epoch {place.epoch}: "
+            f"{place.order.describe_at(place.offset + 1)}"
+        )
+
+
+class _Feed:
+    """One source's rows for one stream, from row ``ordinal`` on, epoch after epoch; rows are
+    counted over all its epochs (``MixedEpochs.places_from``). Chunks are record batches; with
+    ``as_rows``, a shuffled source's are the ``Rows`` gathered from its window (copied once, by
+    the interleave)."""
+
+    def __init__(
+        self, mixed: MixedSource, source: int, ordinal: int, min_rows: int, read_ahead: int,
+        *, as_rows: bool = False,
+    ) -> None:  # fmt: skip
+        self._mixed, self._source = mixed, source
+        self._min_rows, self._read_ahead, self._as_rows = min_rows, read_ahead, as_rows
+        progress = mixed.progress
+        self._places = progress.mix.places_from(
+            source, progress.stream(mixed.worker), ordinal, progress.num_workers
+        )
+        self._base = ordinal  # the row (over all epochs) at the start of the current place
+        self._chunks = self._open()
+        self._held: list[Chunk] = []
+        self._rows = 0
+
+    def _open(self) -> Iterator[tuple[Chunk, int]]:
+        place = next(self._places)
+        self._base -= place.offset
+        source = self._mixed.sources[self._source].stream(place.order)
+        self._total = place.order.total
+        return source.chunks(place.offset, self._min_rows, self._read_ahead, rows=self._as_rows)
+
+    def next_chunk(self) -> tuple[Chunk, int]:
+        """The next decoded chunk, and the row (over all epochs) after its last."""
+        while True:
+            chunk = next(self._chunks, None)
+            if chunk is not None:
+                return chunk[0], self._base + chunk[1]
+            self._chunks.close()  # type: ignore[attr-defined]
+            self._base += self._total  # this epoch of the source is over: its next one
+            self._chunks = self._open()
+
+    def take(self, rows: int) -> list[Chunk]:
+        """The next ``rows`` rows (slices of the decoded chunks)."""
+        while self._rows < rows:
+            chunk, _ = self.next_chunk()
+            self._held.append(chunk)
+            self._rows += chunk.num_rows
+        out, need = [], rows
+        while need:
+            head = self._held[0]
+            if head.num_rows <= need:
+                out.append(self._held.pop(0))
+                need -= head.num_rows
+            else:
+                out.append(head.slice(0, need))
+                self._held[0] = head.slice(need)
+                need = 0
+        self._rows -= rows
+        return out
+
+    def close(self) -> None:
+        self._chunks.close()  # type: ignore[attr-defined]
+
+
+class _Packer:
+    """One source's documents for one stream, packed: whole sequences on demand, from a
+    ``position`` (a row over all the source's epochs, and the tokens of it handed out)."""
+
+    def __init__(self, feed: _Feed, packing: TokenPacking, skips: Mapping[int, int],
+                 position: tuple[int, int], describe: Callable[[int], str]) -> None:  # fmt: skip
+        self._feed, self._packing, self._describe = feed, packing, describe
+        self._skips = skips  # rows (over all epochs) whose first tokens were delivered before
+        self._pending: Pending | None = None
+        self.position = position
+
+    def take(self, sequences: int) -> tuple[npt.NDArray[Any], IntArray]:
+        """The tokens of the next ``sequences`` sequences, and where documents start in them."""
+        need = sequences * self._packing.seq_len
+        if not need:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        empty_chunks = 0
+        while self._pending is None or self._pending.size < need:
+            chunk, after = self._feed.next_chunk()
+            tokens, rows, starts, skipped = documents(
+                chunk, self._packing, after - chunk.num_rows, self._skips, self._describe
+            )
+            if self._pending is None:
+                self._pending = Pending([], rows[:0], starts[:0], skipped[:0])
+            self._pending.extend(tokens, rows, starts, skipped)
+            empty_chunks = empty_chunks + 1 if not len(tokens) else 0
+            if empty_chunks > _MAX_EMPTY_CHUNKS:
+                raise DataSourceError(
+                    f"{self._describe(after)}: {empty_chunks} chunks in a row without a token; "
+                    f"a packed source needs tokens (or a separator) to make sequences"
+                )
+        pending = self._pending
+        tokens = pending.tokens(0, need)
+        starts = pending.starts_within(0, need)
+        after = pending.position_after(need)
+        pending.drop(need)
+        self.position = (int(after), after.tokens)
+        return tokens, starts
+
+    def close(self) -> None:
+        self._feed.close()
+
+
+def _interleaved(
+    parts: list[list[Chunk]], mixed: Interleave, schema: pa.Schema, source_column: str | None
+) -> pa.RecordBatch:
+    """The sources' rows at their places in ``mixed`` (``parts[s]``: the rows of source ``s``,
+    in order) with the columns of ``schema``, joined by name (a source's files may hold them
+    in another order), then the source column. Each column of numbers without nulls is
+    scattered straight into its output (one write per value); any other is gathered."""
+    chunks = [c for part in parts for c in part]
+    if len(chunks) == 1:
+        joined = chunks[0].batch() if isinstance(chunks[0], Rows) else chunks[0]
+        if joined.schema.names != schema.names:
+            joined = joined.select(schema.names)
+    else:
+        columns = [[_columns(c, schema.names) for c in part] for part in parts]
+        joined = pa.RecordBatch.from_arrays(
+            [
+                _column(schema.field(i).type, [[cs[i] for cs in part] for part in columns], mixed)
+                for i in range(len(schema))
+            ],
+            schema=schema,
+        )
+    if source_column is None:
+        return joined
+    # a copy: the interleave is kept for later chunks, and a batch's tensors are the user's
+    return joined.append_column(source_column, as_arrow(pa.int16(), mixed.sources.copy()))
+
+
+def _columns(chunk: Chunk, names: list[str]) -> list[pa.Array | np.ndarray]:
+    """A chunk's columns called ``names``, in that order; a window's plain ones as numpy
+    views of its records."""
+    columns = chunk.columns() if isinstance(chunk, Rows) else chunk.columns
+    held = chunk.schema.names
+    return columns if held == names else [columns[held.index(name)] for name in names]
+
+
+def _column(
+    kind: pa.DataType, pieces: list[list[pa.Array | np.ndarray]], mixed: Interleave
+) -> pa.Array:
+    """One column of the sources' rows (``pieces[s]``: source ``s``'s, in order) at their
+    places in ``mixed``."""
+    every = [p for part in pieces for p in part]
+    arrow = [p for p in every if isinstance(p, pa.Array)]
+    if is_number(kind) and not any(p.null_count for p in arrow):
+        # numpy's memory: a chunk's column (~128 KiB) comes back from malloc without page
+        # faults; Arrow's pool (mimalloc) gives such blocks back to the system when freed
+        out = np.empty(len(mixed.sources), dtype=kind.to_pandas_dtype())
+        for part, places in zip(pieces, mixed.places, strict=True):
+            done = 0
+            for piece in part:
+                values = piece if isinstance(piece, np.ndarray) else numbers(piece)
+                out[places[done : done + len(piece)]] = values
+                done += len(piece)
+        return as_arrow(kind, out)
+    index = np.empty(len(mixed.sources), dtype=np.int64)
+    index[np.concatenate(mixed.places)] = np.arange(len(mixed.sources), dtype=np.int64)
+    arrays = [
+        p if isinstance(p, pa.Array) else as_arrow(kind, np.ascontiguousarray(p)) for p in every
+    ]
+    return gather(arrays, index)
+
+
+def _mixed_sequences(
+    blocks: list[tuple[npt.NDArray[Any], IntArray]],
+    mixed: Interleave,
+    seq_len: int,
+    position_ids: object,
+) -> dict[str, Any]:
+    """A packed batch whose sequence ``i`` is the next sequence of source
+    ``mixed.sources[i]``: ``blocks[s]`` holds source ``s``'s sequences (tokens, document
+    starts)."""
+    places = np.concatenate(mixed.places)  # the output row of each sequence, source by source
+    tokens = [t for t, _ in blocks if len(t)]
+    joined = tokens[0] if len(tokens) == 1 else np.concatenate(tokens)
+    out = np.empty((len(places), seq_len), dtype=joined.dtype)
+    out[places] = joined.reshape(-1, seq_len)
+    starts, first = [], 0
+    for block_tokens, block_starts in blocks:
+        rows = first + block_starts // seq_len
+        starts.append(places[rows] * seq_len + block_starts % seq_len)
+        first += len(block_tokens) // seq_len
+    return packed_batch(out.reshape(-1), np.sort(np.concatenate(starts)), seq_len, position_ids)

@@ -1,0 +1,104 @@
+"""Token packing's values: the ``TokenPacking`` choice and a packed stream's ``TokenPosition``.
+
+Each row of the token column is a document. A stream's documents, in delivery order (each
+followed by the ``separator`` token if one is given), form one token sequence, cut into batches
+of ``batch_size`` sequences of exactly ``seq_len`` tokens; a document may end in one batch and
+continue in the next. A packed stream's position is therefore a ``TokenPosition``: the rows of
+its share wholly delivered, and how many tokens of the next row already were. Resuming there
+skips exactly those tokens, so no token is delivered twice and none is lost. The packing
+itself is ``reading.packing``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.types as pat
+
+from ..base.args import optional_whole, whole
+
+__all__ = ["PACKED_KEYS", "TokenPacking", "TokenPosition"]
+
+
+class TokenPosition(int):
+    """A packed stream's position: the rows wholly delivered (the int's value), and ``tokens``
+    of the next row delivered too (0: none)."""
+
+    tokens: int
+
+    def __new__(cls, rows: int, tokens: int = 0) -> TokenPosition:
+        position = super().__new__(cls, rows)
+        position.tokens = tokens
+        return position
+
+    def __getnewargs__(self) -> tuple[int, int]:  # type: ignore[override]
+        return int(self), self.tokens
+
+    def __repr__(self) -> str:
+        return f"TokenPosition(rows={int(self)}, tokens={self.tokens})"
+
+
+@dataclass(frozen=True)
+class TokenPacking:
+    """Pack the list-of-integers ``column`` into sequences of exactly ``seq_len`` tokens.
+
+    ``separator`` (e.g. the EOS id) is appended to every document; the padding of the last
+    sequence of a stream (only with ``drop_last=False``) is ``pad_id``. Batches are dicts of
+    ``input_ids`` ``(batch, seq_len)``, ``position_ids`` (position within each document part,
+    from 0 at every document start and sequence start), ``cu_seqlens`` (int32 boundaries of
+    those parts over the flattened batch, as variable-length attention takes them) and
+    ``num_tokens`` (an int: the real tokens; the rest of the flattened batch is padding).
+    Other columns are not read.
+    """
+
+    column: str
+    seq_len: int
+    separator: int | None = None
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.column, str) or not self.column:
+            raise TypeError(f"TokenPacking column must be a column name, got {self.column!r}")
+        # builtin ints (numpy's taken too): ``setting`` goes into the state
+        object.__setattr__(self, "seq_len", whole("TokenPacking seq_len", self.seq_len))
+        object.__setattr__(
+            self, "separator", optional_whole("TokenPacking separator", self.separator)
+        )
+        object.__setattr__(self, "pad_id", whole("TokenPacking pad_id", self.pad_id))
+        if self.seq_len < 1:
+            raise ValueError(f"TokenPacking seq_len must be >= 1, got {self.seq_len}")
+
+    def check(self, schema: pa.Schema) -> None:
+        """Raise unless the column is a list of integers that holds the separator and pad."""
+        if self.column not in schema.names:
+            raise ValueError(
+                f"TokenPacking column {self.column!r} is not in the files; columns: {schema.names}"
+            )
+        kind = schema.field(self.column).type
+        if not (pat.is_list(kind) or pat.is_large_list(kind)) or not pat.is_integer(
+            kind.value_type
+        ):
+            raise ValueError(
+                f"TokenPacking column {self.column!r} has type {kind}; packing needs a list "
+                f"(or large_list) of integers, e.g. list<int32> token ids"
+            )
+        limits = np.iinfo(kind.value_type.to_pandas_dtype())
+        for name in ("separator", "pad_id"):
+            value = getattr(self, name)
+            if value is not None and not limits.min <= value <= limits.max:
+                raise ValueError(
+                    f"TokenPacking {name}={value} does not fit column {self.column!r} of type "
+                    f"{kind} (range {limits.min}..{limits.max})"
+                )
+
+    @property
+    def setting(self) -> list[Any]:
+        """What a checkpoint records: the choices that decide which tokens a row makes."""
+        return [self.column, self.separator]
+
+
+# The keys of a packed batch (``packed_batch``).
+PACKED_KEYS = ("input_ids", "position_ids", "cu_seqlens", "num_tokens")

@@ -1,0 +1,240 @@
+"""Token packing at work: a stream's documents, concatenated, cut into batches of sequences.
+
+A stream's documents, in delivery order (each followed by ``TokenPacking.separator`` if one is
+given), form one token sequence, cut into batches of ``batch_size`` sequences of exactly
+``seq_len`` tokens; a document may end in one batch and continue in the next. The stream's
+position after a batch is a ``TokenPosition`` (``planning.tokens``), so resuming there skips exactly
+the tokens delivered.
+
+Everything runs on whole chunks with numpy; no Python per row or per token.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from ..base.arrays import IntArray
+from ..base.errors import DataSourceError, InvalidStateError
+from ..planning.tokens import TokenPacking, TokenPosition
+
+__all__ = [
+    "Pending",
+    "documents",
+    "pack_tokens",
+    "packed_batch",
+    "positions_from_bounds",
+]
+
+
+@dataclass
+class Pending:
+    """Tokens read but not yet in a batch (the chunks' arrays, not joined: a batch is a view
+    of one unless it spans two), and the documents they come from (one entry per row, empty
+    ones too): its stream row, its first token, the tokens skipped before.
+
+    Invariant: ``starts`` is non-decreasing within ``[0, size]``; document ``i``'s pending
+    tokens are ``[starts[i], starts[i + 1])`` (the last one's run to ``size``), and
+    ``skipped[i]`` of its tokens were delivered (or skipped by a resume) before them. So the
+    stream position after pending token ``t`` is row ``rows[i]`` with ``skipped[i] + t + 1 -
+    starts[i]`` of its tokens delivered, or the next row once those are all of it
+    (``position_after``); ``drop`` keeps the invariant for the tokens left.
+    """
+
+    parts: list[npt.NDArray[Any]]
+    rows: IntArray
+    starts: IntArray
+    skipped: IntArray
+
+    @property
+    def size(self) -> int:
+        return sum(len(part) for part in self.parts)
+
+    def extend(
+        self, tokens: npt.NDArray[Any], rows: IntArray, starts: IntArray, skipped: IntArray
+    ) -> None:
+        self.starts = np.concatenate([self.starts, starts + self.size])
+        self.parts.append(tokens)
+        self.rows = np.concatenate([self.rows, rows])
+        self.skipped = np.concatenate([self.skipped, skipped])
+
+    def tokens(self, lo: int, size: int) -> npt.NDArray[Any]:
+        """Pending tokens ``[lo, lo + size)``: a view, or a copy where they span parts."""
+        pieces = [self.parts[0][:0]]  # what an empty range is: no tokens of their type
+        for part in self.parts:
+            if lo < len(part) and size > 0:
+                pieces.append(part[lo : lo + size])
+                size -= len(pieces[-1])
+            lo = max(0, lo - len(part))
+        return pieces[-1] if len(pieces) <= 2 else np.concatenate(pieces)
+
+    def starts_within(self, lo: int, size: int) -> IntArray:
+        """Where documents start among pending tokens ``[lo, lo + size)``, from ``lo``."""
+        a, b = np.searchsorted(self.starts, [lo, lo + size], side="left")
+        starts: IntArray = self.starts[a:b] - lo
+        return starts
+
+    def position_after(self, end: int) -> TokenPosition:
+        """The stream position once the first ``end`` pending tokens are delivered."""
+        doc = int(np.searchsorted(self.starts, end, side="left")) - 1
+        last = int(self.starts[doc + 1]) if doc + 1 < len(self.starts) else self.size
+        row = int(self.rows[doc])
+        if last == end:
+            return TokenPosition(row + 1)
+        return TokenPosition(row, int(self.skipped[doc]) + end - int(self.starts[doc]))
+
+    def drop(self, end: int) -> None:
+        """Forget the first ``end`` tokens and the documents wholly within them."""
+        doc = max(0, int(np.searchsorted(self.starts, end, side="right")) - 1)
+        if doc < len(self.starts) and self.starts[doc] < end:
+            self.skipped = self.skipped.copy()
+            self.skipped[doc] += end - self.starts[doc]
+        self.parts = [self.tokens(end, self.size - end)]
+        self.rows, self.skipped = self.rows[doc:], self.skipped[doc:]
+        self.starts = np.maximum(self.starts[doc:] - end, 0)
+
+
+def pack_tokens(
+    chunks: Iterator[tuple[pa.RecordBatch, int]],
+    *,
+    packing: TokenPacking,
+    batch_size: int,
+    drop_last: bool,
+    skips: Mapping[int, int],
+    end: int,
+    describe: Callable[[int], str],
+    position_ids: object = None,
+) -> Iterator[tuple[dict[str, Any], TokenPosition]]:
+    """Packed batches of numpy arrays from a stream's ``chunks``, each with the position after
+    it; ``position_ids``, when given, stands in every batch for the array (which
+    ``positions_from_bounds`` computes from the batch's ``cu_seqlens`` later).
+
+    ``skips[row]`` tokens of stream row ``row`` were delivered before (a checkpoint's cut
+    documents). The last full batch stands for the end of the stream (``end`` rows) when no
+    token follows it or ``drop_last`` drops them; otherwise a last, padded batch follows.
+    ``describe(position)`` names the split of a position, for errors.
+    """
+    need, seq_len = batch_size * packing.seq_len, packing.seq_len
+    pending: Pending | None = None
+    held: tuple[dict[str, Any], TokenPosition] | None = None
+    for chunk, after in chunks:
+        first = after - chunk.num_rows
+        tokens, rows, starts, skipped = documents(chunk, packing, first, skips, describe)
+        if pending is None:
+            pending = Pending([], rows[:0], starts[:0], skipped[:0])
+        pending.extend(tokens, rows, starts, skipped)
+        whole = pending.size // need * need
+        for lo in range(0, whole, need):
+            if held is not None:
+                yield held
+            batch = packed_batch(
+                pending.tokens(lo, need), pending.starts_within(lo, need), seq_len, position_ids
+            )
+            held = batch, pending.position_after(lo + need)
+        if whole:
+            pending.drop(whole)
+    rest = 0 if pending is None else pending.size
+    if held is not None:
+        yield held[0], (TokenPosition(end) if rest == 0 or drop_last else held[1])
+    if rest and not drop_last and pending is not None:
+        real = pending.tokens(0, rest)
+        tokens = np.full(-(-rest // seq_len) * seq_len, packing.pad_id, real.dtype)
+        tokens[:rest] = real
+        starts = np.append(pending.starts_within(0, rest), rest)  # the padding: a part of its own
+        yield packed_batch(tokens, starts, seq_len, position_ids, real=rest), TokenPosition(end)
+
+
+def documents(
+    chunk: pa.RecordBatch,
+    packing: TokenPacking,
+    first: int,
+    skips: Mapping[int, int],
+    describe: Callable[[int], str],
+) -> tuple[npt.NDArray[Any], IntArray, IntArray, IntArray]:
+    """A chunk's tokens (separators inserted, skipped tokens removed), and per row: its stream
+    row, its first token, the tokens skipped."""
+    column = chunk.column(packing.column)
+    offsets = column.offsets.to_numpy().astype(np.int64, copy=False)
+    child = column.values.slice(offsets[0], offsets[-1] - offsets[0])
+    if column.null_count or child.null_count:
+        raise DataSourceError(
+            f"split {describe(first + 1)}: column {packing.column!r} ({column.type}) holds null "
+            f"documents or tokens; packing needs every row to be a list of token ids"
+        )
+    # writable: a read-only view of Arrow's buffer would reach the user without a separator
+    values = child.to_numpy(zero_copy_only=False, writable=packing.separator is None)
+    lengths = np.diff(offsets)
+    if packing.separator is not None:
+        values = np.insert(values, offsets[1:] - offsets[0], packing.separator)
+        lengths = lengths + 1
+    starts = np.cumsum(lengths) - lengths
+    rows = np.arange(first, first + len(lengths), dtype=np.int64)
+    skipped = np.zeros(len(lengths), dtype=np.int64)
+    inside = [(row, count) for row, count in skips.items() if first <= row < first + len(rows)]
+    if inside:
+        keep = np.ones(len(values), dtype=bool)
+        for row, count in inside:
+            i = row - first
+            if count > lengths[i]:
+                raise InvalidStateError(
+                    f"state key 'tokens': split {describe(row + 1)}: the checkpoint delivered "
+                    f"{count} tokens of a document of {lengths[i]}: the state is corrupted (or "
+                    f"the file changed without a change to its size or footer)"
+                )
+            keep[starts[i] : starts[i] + count] = False
+            skipped[i] = count
+        values = values[keep]
+        lengths = lengths - skipped
+        starts = np.cumsum(lengths) - lengths
+    return values, rows, starts, skipped
+
+
+def packed_batch(
+    tokens: npt.NDArray[Any],
+    starts: IntArray,
+    seq_len: int,
+    position_ids: object = None,
+    real: int | None = None,
+) -> dict[str, Any]:
+    """One batch of ``tokens`` (whole sequences; after the first ``real``, padding) whose
+    documents start at ``starts``: its parts are the documents cut at sequence boundaries.
+
+    Every part holds a token: a start at ``size`` (the padding of a stream whose tokens fill
+    its last batch exactly) would make a zero-length part, which varlen attention refuses.
+    """
+    size = len(tokens)
+    parts = np.concatenate((starts[starts < size], np.arange(0, size, seq_len)))
+    parts.sort()
+    bounds = np.append(parts[np.append(True, parts[1:] != parts[:-1])], size)
+    return {
+        "input_ids": tokens.reshape(-1, seq_len),
+        "position_ids": positions_from_bounds(bounds, seq_len)
+        if position_ids is None
+        else position_ids,
+        "cu_seqlens": bounds.astype(np.int32),
+        "num_tokens": size if real is None else real,
+    }
+
+
+def positions_from_bounds(bounds: npt.NDArray[Any], seq_len: int) -> IntArray:
+    """``position_ids`` (``int64``, rows x ``seq_len``) of a batch whose parts are bounded by
+    ``bounds`` (its ``cu_seqlens``): each token's place in its part."""
+    bounds = bounds.astype(np.int64, copy=False)
+    size = int(bounds[-1])
+    positions = np.repeat(bounds[:-1], bounds[1:] - bounds[:-1])
+    np.subtract(_arange(size), positions, out=positions)
+    return positions.reshape(-1, seq_len)
+
+
+@functools.lru_cache(maxsize=4)
+def _arange(size: int) -> IntArray:
+    """``0 .. size - 1``, made once per batch size (read only)."""
+    numbers = np.arange(size, dtype=np.int64)
+    numbers.flags.writeable = False
+    return numbers
