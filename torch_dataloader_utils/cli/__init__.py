@@ -8,13 +8,13 @@ Exit status: 0 success; 1 the checkpoint does not match the files or settings (i
 ``CheckpointMismatchError`` message, with the "Likely cause:" line); 2 bad input (a missing or
 unreadable file, a corrupted state, bad arguments): one error line, never a traceback.
 
-    __init__   main, the parser, logging
-    _args      options shared by the commands
-    _files     dataset states inside JSON / torch.save checkpoint files
-    _resume    the checks of a resume, without iterating
-    _plan, _inspect, _verify   one command each
-    _mix_plan, _mix_inspect, _mix_verify   the same for a mixture of sources
-    _output    exit statuses, text and JSON
+    __init__  main, the parser, logging
+    args      options shared by the commands
+    files     dataset states inside JSON / torch.save checkpoint files
+    resume    the checks of a resume, without iterating
+    plan, inspect, verify   one command each
+    mix_plan, mix_inspect, mix_verify   the same for a mixture of sources
+    output    exit statuses, text and JSON
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from ..planning.config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES
 from ..storage.secrets import secret_values
 from .files import BadInput
 
@@ -45,8 +46,6 @@ def add_settings(parser: argparse.ArgumentParser, *, plan: bool) -> None:
 
 def planned_settings(args: argparse.Namespace) -> dict[str, Any]:
     """``StructuredDataset`` arguments of ``plan``'s options, as rank 0 of the job."""
-    from ..planning.config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES
-
     return {
         "format": args.format or "parquet",
         "batch_size": args.batch_size,

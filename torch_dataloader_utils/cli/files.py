@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import fsspec
+import torch
 
 from ..mixing.state import expanded
 
@@ -51,8 +52,6 @@ def read_checkpoint(path: str, storage_options: Mapping[str, Any] | None = None)
 
 
 def _torch_load(path: str, data: bytes) -> object:
-    import torch
-
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
