@@ -1,0 +1,2 @@
+"""The public face: ``StructuredDataset`` and ``StructuredDataLoader``, the batches a trainer
+holds unread, and ``loader.stats()``."""
