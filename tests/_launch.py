@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-# What every launched job gets: gloo over loopback, one thread per process, quiet warnings.
-JOB_ENV = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+# What every launched job gets: gloo over loopback, one thread per process, quiet warnings, and
+# Python's fault handler (a job that hangs is sent SIGABRT: each process prints its stacks).
+JOB_ENV = {
+    "GLOO_SOCKET_IFNAME": "lo",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONWARNINGS": "ignore",
+    "PYTHONFAULTHANDLER": "1",
+}
 
 
 def free_port() -> int:
@@ -55,9 +63,40 @@ def run_logged(
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            _dump_stacks(proc.pid)
             _stop(proc)
-            raise AssertionError(f"{cmd} timed out:\n{log_file.read_text()[-4000:]}") from None
+            log_text = log_file.read_text()
+            raise AssertionError(
+                f"{cmd} timed out; where its processes waited:\n{_stacks(log_text)}\n"
+                f"the log's end:\n{log_text[-3000:]}"
+            ) from None
     return code, log_file.read_text()
+
+
+def _dump_stacks(root: int) -> None:
+    """SIGABRT to every process below ``root`` (ranks run in sessions of their own, so not a
+    process group): with ``PYTHONFAULTHANDLER`` each prints every thread's stack into the log,
+    which says where a hung job waited. Linux only (``/proc``); a no-op elsewhere."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    below = {root}
+    while grown := {pid for pid, parent in parents.items() if parent in below} - below:
+        below |= grown
+    for pid in sorted(below - {root}, reverse=True):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGABRT)
+    time.sleep(2)  # the dumps reach the log
+
+
+def _stacks(log: str) -> str:
+    """The fault handler's stack dumps in ``log`` (the first 30 lines of each)."""
+    dumps = log.split("Fatal Python error: Aborted")[1:]
+    return "\n".join("\n".join(d.strip().splitlines()[:30]) for d in dumps) or "(none)"
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
