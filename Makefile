@@ -14,7 +14,7 @@ AZURITE := .tools/azurite/node_modules/.bin/azurite-blob
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,gcs,azure,hf,lightning]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,gcs,azure,hf,lightning,text]"
 	touch $(STAMP)
 
 $(AZURITE):

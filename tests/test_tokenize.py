@@ -1,0 +1,199 @@
+"""Text to tokens, a chunk at a time (``planning.text.Tokenize``, ``reading.tokenizing``): each
+row's tokens are exactly the tokenizer's for that text alone, between ``bos_id`` and ``eos_id``;
+bad rows are errors that name them. Tokenizers are trained here, in a fraction of a second."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from torch_dataloader_utils import DataSourceError
+from torch_dataloader_utils.planning.text import Tokenize
+from torch_dataloader_utils.reading.tokenizing import check_text_column, tokenize_chunk
+
+CORPUS = [f"row {i}: the café serves crème brûlée, 東京 {i * 7} ünïcode" for i in range(400)]
+
+
+def train(vocab_size: int = 400, corpus: list[str] = CORPUS) -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus, trainer)
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def bpe() -> Tokenizer:
+    return train()
+
+
+def where(row: int) -> str:
+    return f"file t.parquet, row group 0, row {row}"
+
+
+STRING = pa.string()
+
+
+def tokens_of(texts: list[Any], tokenize: Tokenize, kind: pa.DataType = STRING) -> list:
+    chunk = pa.record_batch({"id": list(range(len(texts))), "text": pa.array(texts, kind)})
+    out = tokenize_chunk(chunk, tokenize, tokenize.encoder(), where)
+    assert out.schema.names == ["id", tokenize.output]
+    assert out.schema.field(tokenize.output).type == pa.list_(pa.int32())
+    return out.column(tokenize.output).to_pylist()
+
+
+def reference(bpe: Tokenizer, texts: list[str], bos: int | None, eos: int | None) -> list:
+    """Each text tokenized alone, between bos and eos."""
+    alone = [bpe.encode(t, add_special_tokens=False).ids for t in texts]
+    return [([bos] if bos is not None else []) + ids + ([eos] if eos is not None else [])
+            for ids in alone]  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    texts=st.lists(st.text(max_size=40), max_size=20),
+    bos=st.sampled_from([None, 0]),
+    eos=st.sampled_from([None, 1]),
+    binary=st.booleans(),
+)
+def test_tokens_are_each_text_tokenized_alone(
+    bpe: Tokenizer, texts: list[str], bos: int | None, eos: int | None, binary: bool
+) -> None:
+    """Empty texts included: an empty text is a document of no tokens (only bos/eos)."""
+    tokenize = Tokenize("text", bpe, bos_id=bos, eos_id=eos)
+    values = [t.encode("utf-8", "surrogatepass") for t in texts] if binary else texts
+    if binary and any("\ud800" <= c <= "\udfff" for t in texts for c in t):
+        return  # lone surrogates are not UTF-8: the invalid-UTF-8 test covers that
+    got = tokens_of(values, tokenize, pa.binary() if binary else pa.string())
+    assert got == reference(bpe, texts, bos, eos)
+
+
+@pytest.mark.parametrize("kind", [pa.large_string(), pa.string_view(), pa.large_binary()])
+def test_every_text_type(bpe: Tokenizer, kind: pa.DataType) -> None:
+    texts = ["crème brûlée", "", "東京"]
+    values = [t.encode() for t in texts] if "binary" in str(kind) else texts
+    assert tokens_of(values, Tokenize("text", bpe, eos_id=1), kind) == reference(
+        bpe, texts, None, 1
+    )
+
+
+def test_a_transformers_fast_tokenizer_gives_its_own_ids(bpe: Tokenizer) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
+    texts = [*CORPUS[:30], "", "x"]
+    expected = fast(texts, add_special_tokens=False)["input_ids"]
+    assert tokens_of(texts, Tokenize("text", fast)) == expected
+
+
+def test_a_named_callable(bpe: Tokenizer) -> None:
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [[len(t), 7] for t in texts]
+
+    assert tokens_of(["ab", ""], Tokenize("text", encode, bos_id=5, name="lengths")) == [
+        [5, 2, 7],
+        [5, 0, 7],
+    ]
+
+
+def test_a_callable_without_a_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs name= for a callable tokenizer"):
+        Tokenize("text", lambda texts: [[1] for _ in texts])
+
+
+def test_not_a_tokenizer_is_refused() -> None:
+    with pytest.raises(TypeError, match="got int"):
+        Tokenize("text", 3)
+
+
+@pytest.mark.parametrize("field", ["bos_id", "eos_id"])
+def test_special_ids_must_be_token_ids(bpe: Tokenizer, field: str) -> None:
+    with pytest.raises(ValueError, match=f"Tokenize {field}=-1 is not a token id"):
+        Tokenize("text", bpe, **{field: -1})
+
+
+def test_the_fingerprint_is_the_tokenizers_whole_definition(bpe: Tokenizer) -> None:
+    """The same definition (also after pickling): the same fingerprint; another vocabulary,
+    another added token or another bos/eos: another. A name is not part of a tokenizer's."""
+    same = Tokenize("text", pickle.loads(pickle.dumps(bpe)), name="anything")
+    assert same.fingerprint == Tokenize("text", bpe).fingerprint
+    other_vocab = train(vocab_size=300)
+    assert Tokenize("text", other_vocab).fingerprint != same.fingerprint
+    added = pickle.loads(pickle.dumps(bpe))
+    added.add_tokens(["<extra>"])
+    assert Tokenize("text", added).fingerprint != same.fingerprint
+    assert Tokenize("text", bpe, eos_id=1).fingerprint != same.fingerprint
+    assert (
+        Tokenize("text", bpe, bos_id=1).fingerprint != Tokenize("text", bpe, eos_id=1).fingerprint
+    )
+
+
+def test_a_callables_fingerprint_is_its_name() -> None:
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [[1] for _ in texts]
+
+    assert Tokenize("t", encode, name="a").fingerprint == Tokenize("t", len, name="a").fingerprint
+    assert (
+        Tokenize("t", encode, name="a").fingerprint != Tokenize("t", encode, name="b").fingerprint
+    )
+
+
+def test_a_null_text_is_an_error_naming_its_row(bpe: Tokenizer) -> None:
+    with pytest.raises(DataSourceError, match=r"row group 0, row 2: column 'text' is null"):
+        tokens_of(["a", "b", None], Tokenize("text", bpe))
+
+
+def test_invalid_utf8_is_an_error_naming_its_row(bpe: Tokenizer) -> None:
+    with pytest.raises(
+        DataSourceError, match=r"row 1: column 'text' \(binary\) is not valid UTF-8"
+    ):
+        tokens_of([b"ok", b"\xff\xfe", b"fine"], Tokenize("text", bpe), pa.binary())
+
+
+def test_a_tokenizer_that_raises_names_the_row_and_the_tokenizer() -> None:
+    def picky(texts: list[str]) -> list[list[int]]:
+        if any("bad" in t for t in texts):
+            raise RuntimeError("cannot tokenize that")
+        return [[1] for _ in texts]
+
+    with pytest.raises(
+        DataSourceError, match=r"row 1: tokenizer picky raised RuntimeError: cannot tokenize"
+    ):
+        tokens_of(["good", "bad", "good"], Tokenize("text", picky, name="picky"))
+
+
+@pytest.mark.parametrize("bad", [-1, 2**31])
+def test_ids_outside_int32_are_an_error(bad: int) -> None:
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [[3, bad] if t == "x" else [3] for t in texts]
+
+    with pytest.raises(DataSourceError, match=rf"row 2: tokenizer enc gave token id {bad}"):
+        tokens_of(["a", "b", "x"], Tokenize("text", encode, name="enc"))
+
+
+def test_one_list_per_text() -> None:
+    with pytest.raises(DataSourceError, match="returned 1 token lists for 2 texts"):
+        tokens_of(["a", "b"], Tokenize("text", lambda t: [[1]], name="short"))
+
+
+def test_the_text_column_is_checked(bpe: Tokenizer) -> None:
+    schema = pa.schema({"id": pa.int64(), "text": pa.string(), "input_ids": pa.list_(pa.int32())})
+    check_text_column(Tokenize("text", bpe, output="tokens"), schema, "source 'web'")
+    with pytest.raises(ValueError, match="Tokenize column 'body' is not in source 'web'"):
+        check_text_column(Tokenize("body", bpe), schema, "source 'web'")
+    with pytest.raises(ValueError, match="has type int64; tokenizing needs text"):
+        check_text_column(Tokenize("id", bpe), schema, "source 'web'")
+    with pytest.raises(ValueError, match="output 'input_ids' is already a column"):
+        check_text_column(Tokenize("text", bpe), schema, "source 'web'")

@@ -1,0 +1,149 @@
+"""Text to tokens, a chunk at a time: ``Tokenize``'s text column becomes its token column.
+
+One batched call of the tokenizer per chunk; the ids are laid out with numpy (``bos_id`` and
+``eos_id`` inserted, every id checked to fit ``int32``), never per token in Python. A row's
+tokens depend on its text alone, so a resume that tokenizes a chunk again makes the same ones.
+
+Texts: ``string``, ``large_string``, ``string_view``, and ``binary`` / ``large_binary`` holding
+UTF-8 (checked: invalid bytes are an error naming the row). An empty text is a document of no
+tokens (``[bos_id, eos_id]`` when those are given); a null text is an error naming the row, as a
+null document is for packing: a row is never dropped or made up in silence.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.types as pat
+
+from ..base.errors import DataSourceError
+from ..planning.text import MAX_TOKEN_ID, Encoder, Tokenize
+
+__all__ = ["check_text_column", "tokenize_chunk"]
+
+# Rows are named by ``describe(row)``: the file, unit and row of the chunk's row ``row``.
+Describe = Callable[[int], str]
+
+
+def check_text_column(tokenize: Tokenize, schema: pa.Schema, where: str) -> None:
+    """Raise unless ``schema`` (of ``where``: a dataset or source) holds a text column to
+    tokenize and no column already named as the tokens."""
+    if tokenize.column not in schema.names:
+        raise ValueError(
+            f"Tokenize column {tokenize.column!r} is not in {where}; columns: {schema.names}"
+        )
+    kind = schema.field(tokenize.column).type
+    if not _is_text(kind):
+        raise ValueError(
+            f"Tokenize column {tokenize.column!r} of {where} has type {kind}; tokenizing needs "
+            f"text: string, large_string, string_view, or binary holding UTF-8"
+        )
+    if tokenize.output != tokenize.column and tokenize.output in schema.names:
+        raise ValueError(
+            f"Tokenize output {tokenize.output!r} is already a column of {where}; name the "
+            f"tokens otherwise (Tokenize(..., output=...)) or leave that column out (columns=)"
+        )
+
+
+def tokenize_chunk(
+    chunk: pa.RecordBatch, tokenize: Tokenize, encode: Encoder, describe: Describe
+) -> pa.RecordBatch:
+    """``chunk`` with its text column replaced by the token column ``tokenize.output``
+    (``list<int32>``, at the text column's place)."""
+    column = chunk.column(tokenize.column)
+    texts = _texts(column, tokenize, describe)
+    try:
+        ids = encode(texts)
+    except Exception as exc:  # a tokenizer may raise anything: name the row it failed on
+        raise DataSourceError(
+            f"{_failing_row(texts, encode, describe)}: tokenizer {tokenize.label} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if len(ids) != len(texts):
+        raise DataSourceError(
+            f"{describe(0)}: tokenizer {tokenize.label} returned {len(ids)} token lists for "
+            f"{len(texts)} texts; a tokenizer must return one list per text"
+        )
+    tokens = _token_lists(ids, tokenize, describe)
+    index = chunk.schema.get_field_index(tokenize.column)
+    return chunk.set_column(index, tokenize.output, tokens)
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(
+        pat.is_string(kind)
+        or pat.is_large_string(kind)
+        or pat.is_binary(kind)
+        or pat.is_large_binary(kind)
+        or kind == pa.string_view()
+    )
+
+
+def _texts(column: pa.Array, tokenize: Tokenize, describe: Describe) -> list[str]:
+    """The column's texts as Python strings; a null or invalid UTF-8 is an error naming it."""
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataSourceError(
+            f"{describe(row)}: column {tokenize.column!r} is null; a null text has no tokens "
+            f"(fill it, e.g. with an empty text, or filter such rows out of the files)"
+        )
+    if pat.is_binary(column.type) or pat.is_large_binary(column.type):
+        try:
+            column = column.cast(pa.large_string())
+        except pa.ArrowInvalid:
+            row = _first_invalid_utf8(column)
+            raise DataSourceError(
+                f"{describe(row)}: column {tokenize.column!r} ({column.type}) is not valid "
+                f"UTF-8 text"
+            ) from None
+    return column.to_pylist()  # type: ignore[no-any-return]
+
+
+def _first_invalid_utf8(column: pa.Array) -> int:
+    """The first row whose bytes do not decode (the error path only: Python per row)."""
+    for row, value in enumerate(column.to_pylist()):
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return row
+    return 0
+
+
+def _failing_row(texts: list[str], encode: Encoder, describe: Describe) -> str:
+    """Where a batched call failed: the first text that fails alone (the error path only)."""
+    for row, text in enumerate(texts):
+        try:
+            encode([text])
+        except Exception:  # the same error as the batched call's, for this one text
+            return describe(row)
+    return describe(0)
+
+
+def _token_lists(ids: Sequence[Sequence[int]], tokenize: Tokenize, describe: Describe) -> pa.Array:
+    """``ids`` with ``bos_id`` / ``eos_id`` around each row, as ``list<int32>``."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    values = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=lengths.sum())
+    if len(values) and (values.min() < 0 or values.max() > MAX_TOKEN_ID):
+        bad = int(np.flatnonzero((values < 0) | (values > MAX_TOKEN_ID))[0])
+        row = int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
+        raise DataSourceError(
+            f"{describe(row)}: tokenizer {tokenize.label} gave token id {values[bad]}, outside "
+            f"0..{MAX_TOKEN_ID} (ids are stored as int32)"
+        )
+    starts = np.cumsum(lengths) - lengths
+    if tokenize.bos_id is not None:
+        values = np.insert(values, starts, tokenize.bos_id)
+        lengths = lengths + 1
+        starts = np.cumsum(lengths) - lengths
+    if tokenize.eos_id is not None:
+        values = np.insert(values, starts + lengths, tokenize.eos_id)
+        lengths = lengths + 1
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    if offsets[-1] > MAX_TOKEN_ID:  # a chunk is a few MiB of text: never near
+        return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values.astype(np.int32)))
+    return pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)), pa.array(values.astype(np.int32))
+    )
