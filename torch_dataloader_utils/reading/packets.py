@@ -29,7 +29,7 @@ import pyarrow as pa
 from ..base.errors import UnsendableBatchError
 from ..planning.plan import Position
 from ..transport.slots import Packet, SharedSlots, Slab, Unjoined, pack, tensor_bytes
-from .stream import Run
+from .runs import Run
 
 __all__ = [
     "WorkerFailure",

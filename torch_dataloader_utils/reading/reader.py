@@ -17,7 +17,8 @@ from ..transport.slots import Derived, Packet, SharedSlots
 from .convert import convert
 from .packets import batch_parts, chunk_parts, run_sizes, send
 from .packing import positions_from_bounds
-from .stream import ChunkSource, Run, read_stream
+from .runs import Run
+from .stream import ChunkSource, read_stream
 
 __all__ = ["StreamReader"]
 
