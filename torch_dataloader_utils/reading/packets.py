@@ -28,7 +28,8 @@ import pyarrow as pa
 
 from ..base.errors import UnsendableBatchError
 from ..planning.plan import Position
-from ..transport.slots import Packet, SharedSlots, Slab, Unjoined, pack, tensor_bytes
+from ..transport.packet import Packet, Unjoined, pack, tensor_bytes
+from ..transport.slots import SharedSlots, Slab
 from .runs import Run
 
 __all__ = [
