@@ -17,7 +17,8 @@ from torch_dataloader_utils.base.jagged import JaggedArray, JaggedTensorParts, i
 from torch_dataloader_utils.base.row_bytes import converted_row_bytes
 from torch_dataloader_utils.reading.convert import convert
 from torch_dataloader_utils.reading.packets import _lengths
-from torch_dataloader_utils.transport.slots import SharedSlots, pack, tensor_bytes
+from torch_dataloader_utils.transport.packet import pack, tensor_bytes
+from torch_dataloader_utils.transport.slots import SharedSlots
 
 ROWS = 600  # over two files
 ITEMS = {

@@ -30,7 +30,8 @@ from torch_dataloader_utils import (
 )
 from torch_dataloader_utils.reading import reader as reader_module
 from torch_dataloader_utils.reading.packets import _lengths
-from torch_dataloader_utils.transport.slots import Derived, Packet, SharedSlots, Unjoined, pack
+from torch_dataloader_utils.transport.packet import Derived, Packet, Unjoined, pack
+from torch_dataloader_utils.transport.slots import SharedSlots
 
 FORK = {"multiprocessing_context": "fork"}  # workers inherit the test's monkeypatches
 

@@ -227,7 +227,7 @@ def sliced_layouts(draw: st.DrawFn) -> Layout:
     """Row groups of 800-2,000 rows, 19,200 rows or more, under the minimum budget (windows
     of about 17,500 rows): row groups longer than 1/24 of a window are sliced into parts dealt
     to consecutive windows, which a window's read decodes once and carries
-    (``reading.stream._read_window``)."""
+    (``reading.shuffled._read_window``)."""
     unit = st.integers(800, 2000)
     files = draw(st.lists(st.lists(unit, min_size=8, max_size=12), min_size=3, max_size=3))
     return Layout(
@@ -272,7 +272,7 @@ def test_resume_where_row_groups_are_sliced_two_workers(layout: Layout, data: st
     ],
 )
 def test_units_for_reads_no_unit_for_no_rows(units, first, end, expected):
-    from torch_dataloader_utils.reading.stream import _units_for
+    from torch_dataloader_utils.reading.pieces import _units_for
 
     assert _units_for((10, 20, 5), range(*units), first, end) == expected
 

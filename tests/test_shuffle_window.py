@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.reading import stream as _stream
+from torch_dataloader_utils.reading import shuffled as _shuffled
 
 # About 23 rows a window on this data (three windows' worth fill the budget).
 SMALL_BUDGET = 4096
@@ -106,7 +106,7 @@ def test_a_worker_lets_go_of_a_window_before_it_reads_the_next(
 ) -> None:
     """A stream that does not read ahead (a DataLoader worker) holds the window it reads, not
     also the one it has handed out (which cost a window of memory more: docs/shuffle.md)."""
-    read, held = _stream._read_window, []
+    read, held = _shuffled._read_window, []
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         assert all(window() is None for window in held), "a handed-out window is still held"
@@ -114,7 +114,7 @@ def test_a_worker_lets_go_of_a_window_before_it_reads_the_next(
         held.append(weakref.ref(window))
         return window
 
-    monkeypatch.setattr(_stream, "_read_window", checked)  # forked workers inherit it
+    monkeypatch.setattr(_shuffled, "_read_window", checked)  # forked workers inherit it
     case = {"path": str(twelve), "shuffle": True, "batch_size": 10, "num_workers": 1,
             "shuffle_memory_bytes": SMALL_BUDGET}  # fmt: skip
     assert -(-480 // _window_rows(twelve, SMALL_BUDGET)) >= 3
@@ -126,20 +126,20 @@ def test_two_threads_decode_a_window_only_after_the_consumer_waited(
 ) -> None:
     """Without workers, a second decode thread is worth it only when the consumer is the
     faster side (it waited for the window before); otherwise it slows every thread."""
-    read, pooled = _stream._read_window, []
+    read, pooled = _shuffled._read_window, []
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         pooled.append(args[-1] is not map)
         return read(*args, **kwargs)
 
-    monkeypatch.setattr(_stream, "_read_window", recorded)
+    monkeypatch.setattr(_shuffled, "_read_window", recorded)
     dataset = StructuredDataset(str(twelve), shuffle=True, shuffle_memory_bytes=SMALL_BUDGET)
     progress = dataset._epochs.begin(dataset._start, 0)
     source = dataset._reader(progress, 0).source
     order = source.order.shuffled
     waited = threading.Event()
     waited.set()
-    windows = _stream._read_windows(source, order, 0, 2, waited)
+    windows = _shuffled._read_windows(source, order, 0, 2, waited)
     next(windows)  # the first window: the consumer waits for it
     next(windows)  # nobody said the consumer waited for the first
     waited.set()
@@ -201,7 +201,7 @@ def test_parts_carried_for_later_windows_keep_at_most_twice_their_bytes(
     order = source.order.shuffled
     carried: dict = {}
     later = (order.window(n)[0] for n in range(1, len(order.ends)))
-    first = _stream._read_window(source, order.window(0)[0], later, carried, map)
+    first = _shuffled._read_window(source, order.window(0)[0], later, carried, map)
     assert first.num_rows == order.window(0)[0].total
     columns = [column for parts in carried.values() for part in parts for column in part.columns]
     assert columns  # row groups are sliced: parts of them wait for later windows

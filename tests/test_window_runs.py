@@ -12,7 +12,7 @@ import pytest
 from _data import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.reading import stream as _stream
+from torch_dataloader_utils.reading import shuffled as _shuffled
 
 FILES, ROWS = 16, 40
 
@@ -24,7 +24,7 @@ def test_runs_decoded_ahead_of_the_consumer_stay_bounded_behind_a_slow_first_run
     lock = threading.Lock()
     decoded, consumed, ahead = [0], [], [0]
     slowed: list[int] = []
-    real_chunks, real_sliced = _stream._piece_chunks, _stream._sliced
+    real_chunks, real_sliced = _shuffled.piece_chunks, _shuffled._sliced
 
     def slow_first(source: Any, read: Any, *args: Any) -> Any:
         if read.number == 0 and not slowed:
@@ -42,11 +42,11 @@ def test_runs_decoded_ahead_of_the_consumer_stay_bounded_behind_a_slow_first_run
                 consumed.append(chunks)  # the first block of a run: the run is taken
         return real_sliced(chunks, *args, **kwargs)
 
-    monkeypatch.setattr(_stream, "_piece_chunks", slow_first)
-    monkeypatch.setattr(_stream, "_sliced", taken)
+    monkeypatch.setattr(_shuffled, "piece_chunks", slow_first)
+    monkeypatch.setattr(_shuffled, "_sliced", taken)
     dataset = StructuredDataset(str(tmp_path), batch_size=8, shuffle=True, split_bytes=1)
     ids = sorted(i for batch in dataset for i in batch["id"].tolist())
     assert ids == list(range(FILES * ROWS))
     assert slowed and len(consumed) >= FILES  # a window of many runs, one delayed
     # The run being taken, and at most one run per decoding thread beyond it.
-    assert ahead[0] <= _stream._DECODE_THREADS + 1, ahead[0]
+    assert ahead[0] <= _shuffled._DECODE_THREADS + 1, ahead[0]

@@ -21,7 +21,8 @@ from ..base.log import log
 from ..mixing.epochs import AnyProgress
 from ..planning.plan import Position
 from ..reading.packets import WorkerFailure, slot_bytes
-from ..transport.slots import Packet, SharedSlots
+from ..transport.packet import Packet
+from ..transport.slots import SharedSlots
 from .handout import KEEP, HandOuts
 from .served import ServedDataset
 from .stats import LoaderStats, Recorder

@@ -17,7 +17,8 @@ from ..base.errors import DataSourceError
 from ..planning.plan import Position
 from ..planning.tokens import TokenPacking
 from ..reading.packing import Pending, documents, packed_batch
-from ..reading.stream import Chunk, SourceFiles, chunk_rows
+from ..reading.runs import Chunk
+from ..reading.stream import SourceFiles, chunk_rows
 from ..reading.window import Rows, gather
 from .epochs import MixedProgress, MixPosition
 from .schedule import Interleave

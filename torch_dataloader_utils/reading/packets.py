@@ -28,8 +28,9 @@ import pyarrow as pa
 
 from ..base.errors import UnsendableBatchError
 from ..planning.plan import Position
-from ..transport.slots import Packet, SharedSlots, Slab, Unjoined, pack, tensor_bytes
-from .stream import Run
+from ..transport.packet import Packet, Unjoined, pack, tensor_bytes
+from ..transport.slots import SharedSlots, Slab
+from .runs import Run
 
 __all__ = [
     "WorkerFailure",

@@ -13,11 +13,13 @@ import torch
 from ..base.errors import DataSourceError
 from ..planning.config import DatasetConfig
 from ..planning.plan import Position
-from ..transport.slots import Derived, Packet, SharedSlots
+from ..transport.packet import Derived, Packet
+from ..transport.slots import SharedSlots
 from .convert import convert
 from .packets import batch_parts, chunk_parts, run_sizes, send
 from .packing import positions_from_bounds
-from .stream import ChunkSource, Run, read_stream
+from .runs import Run
+from .stream import ChunkSource, read_stream
 
 __all__ = ["StreamReader"]
 

@@ -4,7 +4,7 @@ Local files open as plain files (not memory maps). Every other protocol (``s3://
 ``gs://``, ``memory://``, ...) opens as a ``RemoteFile``: ranged GETs of exactly the bytes
 pyarrow asks for, each retried on transient errors (see ``storage.retry``), or served from the
 read-ahead of the stream that opens it (see ``storage.remote``). The storage holds no reading state:
-what to fetch ahead is the stream reader's business (``reading.stream``).
+what to fetch ahead is the stream reader's business (``reading.pieces``).
 
 ``storage_options`` go to fsspec unchanged. Their secret values (keys, secrets, tokens,
 passwords, connection strings, in every encoding: ``storage.secrets``) and the credentials in
