@@ -24,7 +24,8 @@ from test_mixing import (
     write_source,
 )
 
-from torch_dataloader_utils import StructuredDataset, TokenPacking
+from torch_dataloader_utils import DataLoaderUtilsError, StructuredDataset, TokenPacking
+from torch_dataloader_utils.base.errors import EpochStartError
 from torch_dataloader_utils.mixing.state import encode_mixture
 
 _DOCS = Path(__file__).resolve().parents[1] / "docs" / "mixing.md"
@@ -167,13 +168,18 @@ def test_a_packed_epoch_after_the_first_iterates_again(tmp_path: Path, workers: 
 
 def test_set_epoch_of_a_packed_mixture_raises_where_it_cannot_start(tmp_path: Path) -> None:
     """Where a packed epoch after the first begins is known by reading the one before it:
-    ``set_epoch`` says so at once, and leaves the dataset as it was."""
+    ``set_epoch`` says so at once, and leaves the dataset as it was. The refusal is a library
+    error that is also the documented ``ValueError``."""
+    assert issubclass(EpochStartError, ValueError)
+    assert issubclass(EpochStartError, DataLoaderUtilsError)
     paths = {"a": write_documents(tmp_path, "a", 0, 30), "b": write_documents(tmp_path, "b", 1, 30)}
     loader, ds = StructuredDataset.create_dataloader(
         paths, weights={"a": 1, "b": 1}, packing=TokenPacking("tokens", seq_len=8),
         epoch_size=10, batch_size=2,
     )  # fmt: skip
-    with pytest.raises(ValueError, match="epoch 2 continues each source where the epoch before"):
+    with pytest.raises(
+        EpochStartError, match="epoch 2 continues each source where the epoch before"
+    ):
         ds.set_epoch(2)
     assert ds.epoch == 0 and len(list(loader)) == 5
     ds.set_epoch(1)
@@ -187,10 +193,10 @@ def test_set_epoch_of_a_packed_mixture_raises_where_it_cannot_start(tmp_path: Pa
     )  # fmt: skip
     loader.load_state_dict(state)
     assert len(list(loader)) == 4
-    with pytest.raises(ValueError, match="epoch 1 continues each source"):
+    with pytest.raises(EpochStartError, match="epoch 1 continues each source"):
         next(iter(loader))  # where epoch 1 began is not in the state
     loader.load_state_dict(state)
-    with pytest.raises(ValueError, match="epoch 1 continues each source"):
+    with pytest.raises(EpochStartError, match="epoch 1 continues each source"):
         ds.set_epoch(1)
 
 

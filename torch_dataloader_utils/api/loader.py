@@ -284,7 +284,7 @@ class _EpochSampler(torch.utils.data.Sampler[None]):
         if loader is None:  # the loader is gone: nothing reads through this sampler
             return
         dataset = loader.dataset
-        dataset._trainer_epochs = True
+        dataset._trainer_moves_epochs()
         if epoch <= dataset.epoch:
             return
         handouts, progress = loader._handouts, dataset._progress

@@ -25,7 +25,6 @@ class ServedDataset(torch.utils.data.IterableDataset[Any], ABC):
     """The dataset's public checkpoint methods, and the hooks only our loader calls."""
 
     _progress: AnyProgress | None  # the current iteration's, if one began
-    _trainer_epochs: bool  # a trainer moves the epochs: states taken at an epoch's end finish it
 
     @property
     @abstractmethod
@@ -67,6 +66,9 @@ class ServedDataset(torch.utils.data.IterableDataset[Any], ABC):
 
     @abstractmethod
     def _attach_loader(self, num_workers: int) -> None: ...
+
+    @abstractmethod
+    def _trainer_moves_epochs(self) -> None: ...
 
     @abstractmethod
     def _batch_bytes(self) -> int: ...

@@ -4,6 +4,7 @@
     ├── CheckpointMismatchError (ValueError) a checkpoint no longer describes the data/settings
     ├── InvalidStateError (ValueError)       a state dict that is unknown, truncated or corrupted
     ├── SchemaMismatchError (ValueError)     files whose schemas differ
+    ├── EpochStartError (ValueError)         an epoch the dataset cannot start from where it is
     ├── DataSourceError (OSError)            a file that cannot be listed, read or decoded
     ├── UnsendableBatchError (TypeError)     a batch a DataLoader worker cannot pickle
     └── LostBatchesError (RuntimeError)      batches a worker sent that never arrived
@@ -17,6 +18,7 @@ __all__ = [
     "CheckpointMismatchError",
     "DataLoaderUtilsError",
     "DataSourceError",
+    "EpochStartError",
     "InvalidStateError",
     "LostBatchesError",
     "SchemaMismatchError",
@@ -59,6 +61,13 @@ class InvalidStateError(DataLoaderUtilsError, ValueError):
 
 class SchemaMismatchError(DataLoaderUtilsError, ValueError):
     """Two files of one dataset have different schemas (both files and fields are named)."""
+
+
+class EpochStartError(DataLoaderUtilsError, ValueError):
+    """An epoch the dataset cannot start from where it stands: a packed mixture's epoch after
+    the first continues each source where the epoch before it ended, which neither this process
+    nor the loaded state knows (``docs/mixing.md``). Not exported: catch ``ValueError``
+    or ``DataLoaderUtilsError``."""
 
 
 class DataSourceError(DataLoaderUtilsError, OSError):

@@ -59,7 +59,7 @@ class StructuredTrainerMixin(_Base):
             )
         super().__init__(*args, **kwargs)
         self.structured_loader = train_dataloader
-        train_dataloader.dataset._trainer_epochs = True  # epoch-end states say "finished"
+        train_dataloader.dataset._trainer_moves_epochs()  # epoch-end states say "finished"
         self.args.ignore_data_skip = True  # the loader resumes from its state, not by skipping
         self.add_callback(_LoaderCheckpoints(train_dataloader))
 

@@ -30,7 +30,7 @@ import pyarrow as pa
 import xxhash
 
 from ..base.arrays import IntArray
-from ..base.errors import InvalidStateError
+from ..base.errors import EpochStartError, InvalidStateError
 from ..checkpoint.state import Generation, check_setting, stream_list
 from ..index.index import MAX_FILE_GROUPS
 from ..planning.config import DatasetConfig
@@ -536,7 +536,7 @@ class MixedEpochs:
                 )
             if self.config.packing is not None and not isinstance(position, MixPosition):
                 if start.epoch or position:
-                    raise ValueError(NO_CARRY.format(epoch=start.epoch))
+                    raise EpochStartError(NO_CARRY.format(epoch=start.epoch))
                 position = MixPosition(0, ((0, 0),) * len(self.sources))
             progress.positions[worker] = position
             progress.counts(worker, int(position))  # not before the segment

@@ -25,6 +25,7 @@ __all__ = [
     "MAX_EPOCH_SIZE",
     "Source",
     "SourceSpec",
+    "check_policies",
     "check_schemas",
     "mixture_sources",
     "source_column_name",
@@ -167,6 +168,32 @@ def _stops(name: str, policy: object) -> bool:
 
 
 _POLICIES = ("renormalize", "stop")
+
+
+def check_policies(
+    specs: Sequence[SourceSpec], *, schedule_block: int | None, packed: bool, lockstep: bool
+) -> None:
+    """Refuse exhaustion policies the mixture cannot honour: packed (a source runs out when
+    its tokens do, known only by reading), or ending streams at different batches under DDP."""
+    limited = [spec.name for spec in specs if spec.max_epochs is not None]
+    if not limited:
+        return
+    if schedule_block:
+        raise ValueError(
+            "schedule_block with max_epochs is not supported: where a source runs out is "
+            "closed-form arithmetic on the schedule in order"
+        )
+    if packed:
+        raise ValueError(
+            f"max_epochs with packing is not supported yet (sources {limited}): "
+            f"a packed source runs out when its tokens do"
+        )
+    if lockstep and (any(spec.stops for spec in specs) or len(limited) == len(specs)):
+        raise ValueError(
+            "under DDP with even_batches, a mixture's streams must not end (each would end at "
+            "its own batch, and DDP would hang): let at least one source cycle (no "
+            "max_epochs) and use when_exhausted='renormalize'"
+        )
 
 
 def check_schemas(names: Sequence[str], schemas: Sequence[pa.Schema]) -> None:
