@@ -24,7 +24,7 @@ from ..base.args import (
 from ..base.log import log
 from ..base.world import World, detect_ranks, detect_worker
 from ..checkpoint import distributed
-from ..checkpoint.state import check_shape as state_shape
+from ..checkpoint.schema import check_shape as state_shape
 from ..formats import get_format
 from ..index.index import DatasetIndex, build_index
 from ..mixing.epochs import (
