@@ -26,7 +26,8 @@ from ..base.world import World, detect_ranks, detect_worker
 from ..checkpoint import distributed
 from ..checkpoint.schema import check_shape as state_shape
 from ..formats import get_format
-from ..index.index import DatasetIndex, build_index
+from ..index.build import build_index
+from ..index.index import DatasetIndex
 from ..mixing.epochs import (
     NO_CARRY,
     AnyProgress,
