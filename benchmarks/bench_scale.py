@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 from _bench_util import machine_note, per_call, plot_bars, rss_bytes, timed
 
-from torch_dataloader_utils.checkpoint.state import Generation
+from torch_dataloader_utils.checkpoint.schema import Generation
 from torch_dataloader_utils.formats import FileMetadata
 from torch_dataloader_utils.index.index import DatasetIndex, IndexedFile
 from torch_dataloader_utils.index.splits import cut_splits

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from torch_dataloader_utils import SchemaMismatchError
 from torch_dataloader_utils.formats import get_format
+from torch_dataloader_utils.index.build import _root, build_index
 from torch_dataloader_utils.index.footers import TAIL, TailFile
-from torch_dataloader_utils.index.index import MAX_FILE_GROUPS, _root, build_index
+from torch_dataloader_utils.index.index import MAX_FILE_GROUPS
 from torch_dataloader_utils.storage.filesystem import Storage
 
 

@@ -16,7 +16,7 @@ import torch.utils.data
 from _data import rows_table, write_dataset, write_parquet
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.index import index as _index
+from torch_dataloader_utils.index import build as _build
 from torch_dataloader_utils.index.cache import CachedMetadata, cache_dir
 
 ROWS = (40, 30, 50, 20)
@@ -34,13 +34,13 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Paths whose footers are read from storage (not the cache), in order."""
     seen: list[str] = []
-    original = _index._read_metadata
+    original = _build._read_metadata
 
     def counting(storage, fmt, entry):  # type: ignore[no-untyped-def]
         seen.append(Path(entry.path).name)
         return original(storage, fmt, entry)
 
-    monkeypatch.setattr(_index, "_read_metadata", counting)
+    monkeypatch.setattr(_build, "_read_metadata", counting)
     return seen
 
 

@@ -19,8 +19,8 @@ from _data import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.formats import get_format
+from torch_dataloader_utils.index import build as _build
 from torch_dataloader_utils.index import cache as _cache
-from torch_dataloader_utils.index import index as _index
 
 ROWS = (60, 50, 70, 40)  # row groups of 9: 26 row groups, 9 flips to 8, 6 to 7 ...
 CACHE_FILE = "index-v4.sqlite"
@@ -106,13 +106,13 @@ class Sweep:
         self.case = {"path": str(root), "format": fmt, "batch_size": 16, "shuffle": True}
         self.db = cache / CACHE_FILE
         self.reads: list[str] = []
-        original = _index._read_metadata
+        original = _build._read_metadata
 
         def counting(storage, fmt, entry):  # type: ignore[no-untyped-def]
             self.reads.append(Path(entry.path).name)
             return original(storage, fmt, entry)
 
-        monkeypatch.setattr(_index, "_read_metadata", counting)
+        monkeypatch.setattr(_build, "_read_metadata", counting)
         self.index = StructuredDataset(str(root), format=fmt)._index
         self.full = _harness.run_epoch(self.case)
         self.state, _ = _harness.checkpoint_after(self.case, 5)

@@ -25,7 +25,8 @@ from _s3server import S3Env, s3_fixture, s3_server_fixture, storage_options  # n
 from torch_dataloader_utils.checkpoint import distributed as _distributed
 from torch_dataloader_utils.checkpoint.distributed import spans_process_group
 from torch_dataloader_utils.formats import get_format
-from torch_dataloader_utils.index import index as _index
+from torch_dataloader_utils.index.build import build_index
+from torch_dataloader_utils.index.index import DatasetIndex
 from torch_dataloader_utils.storage.filesystem import Storage
 
 TESTS = Path(__file__).parent
@@ -137,8 +138,8 @@ def test_warm_caches_on_every_rank_skip_the_broadcast(
             broadcasts.append(compute)
             return compute()
 
-    def build() -> _index.DatasetIndex:
-        return _index.build_index(storage, fmt, str(tmp_path / "data"), None, 2**30, job=OneRank())
+    def build() -> DatasetIndex:
+        return build_index(storage, fmt, str(tmp_path / "data"), None, 2**30, job=OneRank())
 
     cold = build()
     assert (asked, len(broadcasts)) == ([False], 1)  # cold: rank 0 builds, the index travels

@@ -12,7 +12,7 @@ import pytest
 from _data import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.index.index import _local_rank
+from torch_dataloader_utils.index.build import _local_rank
 from torch_dataloader_utils.storage.retry import RetryPolicy, retry_call
 
 LOGGER = "torch_dataloader_utils"

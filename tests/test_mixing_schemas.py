@@ -186,7 +186,7 @@ def test_a_packed_mixture_reads_its_token_column_by_name(tmp_path: Path, workers
 
 
 def test_the_rule_of_one_dataset_names_nullability_and_columns_held_twice(tmp_path: Path):
-    """The rule the mixture shares (``index.index.column_differences``), on one dataset's files:
+    """The rule the mixture shares (``index.schema.column_differences``), on one dataset's files:
     a column of one name held twice raised pyarrow's ``KeyError`` before, and a nullability
     read 'field order or nullability differs'."""
     ids = pa.array(np.arange(3))

@@ -150,13 +150,13 @@ def test_missing_prefix_and_bucket_name_the_path(store: Store, dataset_url: str)
 def test_second_build_reads_no_footers(
     store: Store, dataset_url: str, monkeypatch: pytest.MonkeyPatch
 ):
-    from torch_dataloader_utils.index import index as _index
+    from torch_dataloader_utils.index import build as _build
 
     StructuredDataset(dataset_url, storage_options=store.options)
     calls: list[str] = []
-    original = _index._read_metadata
+    original = _build._read_metadata
     monkeypatch.setattr(
-        _index, "_read_metadata", lambda st, fmt, e: calls.append(e.path) or original(st, fmt, e)
+        _build, "_read_metadata", lambda st, fmt, e: calls.append(e.path) or original(st, fmt, e)
     )
     dataset = StructuredDataset(dataset_url, storage_options=store.options, batch_size=64)
     assert calls == []

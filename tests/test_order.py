@@ -8,7 +8,7 @@ from _orders import stream_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_dataloader_utils.checkpoint.state import Generation
+from torch_dataloader_utils.checkpoint.schema import Generation
 from torch_dataloader_utils.formats import FileMetadata
 from torch_dataloader_utils.index.index import DatasetIndex, IndexedFile
 from torch_dataloader_utils.index.splits import cut_splits

@@ -18,13 +18,8 @@ from hypothesis import strategies as st
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.base.errors import CheckpointMismatchError, InvalidStateError
-from torch_dataloader_utils.checkpoint.state import (
-    STATE_VERSION,
-    Settings,
-    StreamEntry,
-    decode,
-    encode,
-)
+from torch_dataloader_utils.checkpoint.schema import STATE_VERSION, Settings, StreamEntry
+from torch_dataloader_utils.checkpoint.state import decode, encode
 from torch_dataloader_utils.formats import FileMetadata
 from torch_dataloader_utils.index.index import DatasetIndex, IndexedFile
 from torch_dataloader_utils.index.splits import Split

@@ -12,7 +12,8 @@ from ..base.args import PathArg, dataset_paths, optional_mapping, optional_whole
 from ..base.world import World
 from ..checkpoint import distributed
 from ..formats import get_format
-from ..index.index import DatasetIndex, build_index
+from ..index.build import build_index
+from ..index.index import DatasetIndex
 from ..mixing.epochs import MixedEpochs, Timeline, source_seed
 from ..mixing.schedule import MAX_BLOCK, Schedule
 from ..mixing.source import (

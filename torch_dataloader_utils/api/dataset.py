@@ -17,7 +17,7 @@ from ..base.args import PathArg, flag, optional_flag, optional_whole, whole
 from ..base.errors import EpochStartError
 from ..base.world import World, detect_ranks, detect_worker
 from ..checkpoint import distributed
-from ..checkpoint.state import check_shape as state_shape
+from ..checkpoint.schema import check_shape as state_shape
 from ..index.index import DatasetIndex
 from ..mixing.carry import carried_start
 from ..mixing.epochs import NO_CARRY, AnyProgress, MixedEpochs, MixedProgress

@@ -30,14 +30,10 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from ..base.errors import CheckpointMismatchError, DataLoaderUtilsError, InvalidStateError
-from .state import (
-    check_coverage,
-    check_each,
-    check_same_epoch,
-    check_setting,
-    check_shape,
-    stored_split,
-)
+from .checks import check_setting
+from .files import stored_split
+from .merge import check_coverage, check_each, check_same_epoch
+from .schema import check_shape
 
 __all__ = [
     "agree",

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..api.dataset import StructuredDataset
 from ..api.loader import StructuredDataLoader
-from ..checkpoint.state import check_coverage, check_same_epoch
+from ..checkpoint.merge import check_coverage, check_same_epoch
 from ..mixing.source import Source
 from .args import pairs
 from .files import BadInput, Found

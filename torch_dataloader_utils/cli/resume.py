@@ -14,7 +14,7 @@ from typing import Any
 
 from ..api.dataset import StructuredDataset
 from ..base.errors import DataLoaderUtilsError, InvalidStateError
-from ..checkpoint.state import check_shape
+from ..checkpoint.schema import check_shape
 from ..mixing.state import check_shape as check_mixture_shape
 from ..mixing.state import stored_timeline
 from ..planning.epochs import Epochs, Progress

@@ -13,7 +13,8 @@ import argparse
 from collections.abc import Callable
 
 from ..base.errors import CheckpointMismatchError
-from ..checkpoint.state import ELASTIC_FIELDS, check_coverage, check_same_epoch
+from ..checkpoint.checks import ELASTIC_FIELDS
+from ..checkpoint.merge import check_coverage, check_same_epoch
 from ..planning.epochs import Epochs
 from .args import add_settings
 from .files import BadInput, Found

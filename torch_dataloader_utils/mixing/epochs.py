@@ -31,7 +31,9 @@ import xxhash
 
 from ..base.arrays import IntArray
 from ..base.errors import EpochStartError, InvalidStateError
-from ..checkpoint.state import Generation, check_setting, stream_list
+from ..checkpoint.checks import check_setting
+from ..checkpoint.schema import Generation
+from ..checkpoint.state import stream_list
 from ..index.index import MAX_FILE_GROUPS
 from ..planning.config import DatasetConfig
 from ..planning.epochs import Epochs, Progress, Start

@@ -13,7 +13,9 @@ import numpy as np
 from ..base.arrays import IntArray
 from ..base.errors import CheckpointMismatchError, InvalidStateError
 from ..base.log import log
-from ..checkpoint.state import Generation, check_setting, one_job
+from ..checkpoint.checks import check_setting
+from ..checkpoint.merge import one_job
+from ..checkpoint.schema import Generation
 from ..planning.epochs import Start
 from ..planning.plan import Deal, Pieces
 from .epochs import MixedEpochs, MixedProgress, MixPosition, Segment, SourceRest, Timeline

@@ -18,7 +18,7 @@ from ..base.args import (
 )
 from ..base.errors import SchemaMismatchError
 from ..formats import get_format
-from ..index.index import column_differences
+from ..index.schema import column_differences
 from ..planning.tokens import PACKED_KEYS
 
 __all__ = [
@@ -198,7 +198,7 @@ def check_policies(
 
 def check_schemas(names: Sequence[str], schemas: Sequence[pa.Schema]) -> None:
     """Every source holds the first's columns with the same types and nullability: the rule of
-    one dataset's files (``index.index.column_differences``), but in any order, since a mixture
+    one dataset's files (``index.schema.column_differences``), but in any order, since a mixture
     joins its sources' columns by name. Otherwise an error naming both sources and the column."""
     first, reference = names[0], schemas[0]
     for name, schema in zip(names[1:], schemas[1:], strict=True):

@@ -34,16 +34,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..base.errors import CheckpointMismatchError, InvalidStateError
-from ..checkpoint.state import (
+from ..checkpoint.checks import misplaced
+from ..checkpoint.schema import (
     STATE_VERSION,
     StreamEntry,
     check_cursor,
     check_version,
-    decode,
     decode_generation,
     encode_generation,
-    misplaced,
 )
+from ..checkpoint.state import decode
 from .epochs import SHARED_KEYS, MixedEpochs, MixedProgress, Segment, SourceRest, Timeline
 from .schedule import Schedule
 from .source import MAX_EPOCH_SIZE

@@ -17,18 +17,11 @@ import numpy as np
 import pyarrow as pa
 
 from ..base.errors import InvalidStateError
-from ..checkpoint.state import (
-    Decoded,
-    Generation,
-    Settings,
-    StreamEntry,
-    check_setting,
-    decode,
-    encode,
-    merge_states,
-    misplaced,
-    stored_split,
-)
+from ..checkpoint.checks import check_setting, misplaced
+from ..checkpoint.files import stored_split
+from ..checkpoint.merge import merge_states
+from ..checkpoint.schema import Decoded, Generation, Settings, StreamEntry
+from ..checkpoint.state import decode, encode
 from ..index.index import DatasetIndex
 from .config import DatasetConfig
 from .order import Shuffle, StreamOrder, shuffled_sequence

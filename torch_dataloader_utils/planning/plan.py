@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..base.arrays import IntArray
-from ..checkpoint.state import Generation
+from ..checkpoint.schema import Generation
 
 __all__ = [
     "Deal",
