@@ -27,15 +27,8 @@ from ..checkpoint import distributed
 from ..checkpoint.state import check_shape as state_shape
 from ..formats import get_format
 from ..index.index import DatasetIndex, build_index
-from ..mixing.epochs import (
-    NO_CARRY,
-    AnyProgress,
-    MixedEpochs,
-    MixedProgress,
-    MixPosition,
-    Timeline,
-    source_seed,
-)
+from ..mixing.epochs import NO_CARRY, AnyProgress, MixedEpochs, MixedProgress, source_seed
+from ..mixing.places import MixPosition
 from ..mixing.resume import load_mixture, load_mixture_elastic
 from ..mixing.schedule import MAX_BLOCK, Schedule
 from ..mixing.source import (
@@ -48,6 +41,7 @@ from ..mixing.source import (
 from ..mixing.state import check_shape as mixture_shape
 from ..mixing.state import encode_mixture
 from ..mixing.stream import MixedSource
+from ..mixing.timeline import Timeline
 from ..planning.config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetConfig
 from ..planning.epochs import Epochs, Progress, Start
 from ..planning.tokens import TokenPacking

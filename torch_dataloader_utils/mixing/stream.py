@@ -19,7 +19,8 @@ from ..planning.tokens import TokenPacking
 from ..reading.packing import Pending, documents, packed_batch
 from ..reading.stream import Chunk, SourceFiles, chunk_rows
 from ..reading.window import Rows, gather
-from .epochs import MixedProgress, MixPosition
+from .epochs import MixedProgress
+from .places import MixPosition
 from .schedule import Interleave
 
 __all__ = ["MixedSource"]
