@@ -57,34 +57,28 @@ def continued(
             f"current={current.weights}",
             split=read.where, field="weights", expected=stored.weights, found=current.weights,
         )  # fmt: skip
-    workers = then.num_workers
-    return start, mix.following(_reweighted(then, current, workers), read.rests)
+    return start, mix.following(_reweighted(then, current, then.num_workers), read.rests)
 
 
 def dealt_anew(
     mix: MixedEpochs,
     old: MixedEpochs,
     read: Sequence[ReadState],
-    rows: Sequence[dict[str, Rows]],
+    located: tuple[IntArray, IntArray],
     num_workers: int,
 ) -> tuple[Start, MixedEpochs]:
-    """The old job's streams, standing at ``rows`` (per old rank), dealt anew to this job:
-    each source's unfinished epochs, and the rest of the mixture epoch's positions."""
+    """The old job's streams, standing in each source at ``located`` (per source and old
+    stream: its next row and the tokens of it delivered), dealt anew to this job: each
+    source's unfinished epochs, and the rest of the mixture epoch's positions."""
     first = read[0].state
     old_workers, old_world = first["_num_workers"], first["_world_size"]
     streams = max(1, old_workers)
-    ordinals = np.zeros((len(mix.names), old_world * streams), dtype=np.int64)
-    tokens = np.zeros_like(ordinals)  # packed: of each old stream's next row, delivered
-    remaining = 0
-    for rank, located_rows in zip(read, rows, strict=True):
-        then = rank.then
-        for name, by_worker in located_rows.items():
-            source = mix.names.index(name)
-            for worker, (ordinal, delivered) in by_worker.items():
-                ordinals[source, then.stream(worker)] = ordinal
-                tokens[source, then.stream(worker)] = delivered
-        for worker, position in then.positions.items():
-            remaining += then.total(worker) - position
+    ordinals, tokens = located
+    remaining = sum(
+        rank.then.total(worker) - position
+        for rank in read
+        for worker, position in rank.then.positions.items()
+    )
     new_rests = tuple(
         _dealt_rest(old, s, ordinals[s], tokens[s], old_workers) for s in range(len(mix.names))
     )

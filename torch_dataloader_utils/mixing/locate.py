@@ -8,12 +8,17 @@ source fails to match, and the error names the source.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..base.arrays import IntArray
 from ..base.errors import InvalidStateError
 from ..checkpoint.state import misplaced
 from .read import ReadState, SourceStreams
 from .state import MAX_POSITION, in_source
 
-__all__ = ["Rows", "located"]
+__all__ = ["Rows", "located", "located_job"]
 
 # Per worker stream with a position: the row (over all the source's epochs) it hands out next,
 # and the tokens of that row handed out.
@@ -23,6 +28,22 @@ Rows = dict[int, tuple[int, int]]
 def located(read: ReadState) -> dict[str, Rows]:
     """Each source's ``Rows`` of the read state, checked against the places it stores."""
     return {name: _source_rows(read, name, streams) for name, streams in read.sources.items()}
+
+
+def located_job(read: Sequence[ReadState]) -> tuple[IntArray, IntArray]:
+    """Where every stream of an old job (``read``: its states by rank) stands in every source:
+    per source and old stream, the row it hands out next over all the source's epochs, and
+    the tokens of that row handed out (packed)."""
+    mix, streams = read[0].mix, max(1, read[0].then.num_workers)
+    ordinals = np.zeros((len(mix.names), mix.world_size * streams), dtype=np.int64)
+    tokens = np.zeros_like(ordinals)
+    for rank in read:
+        for name, rows in located(rank).items():
+            source = mix.names.index(name)
+            for worker, (ordinal, delivered) in rows.items():
+                ordinals[source, rank.then.stream(worker)] = ordinal
+                tokens[source, rank.then.stream(worker)] = delivered
+    return ordinals, tokens
 
 
 def _source_rows(read: ReadState, name: str, streams: SourceStreams) -> Rows:

@@ -14,7 +14,7 @@ from ..base.errors import CheckpointMismatchError, InvalidStateError
 from ..planning.epochs import Start
 from .continuation import continued, dealt_anew
 from .epochs import MixedEpochs
-from .locate import located
+from .locate import located, located_job
 from .read import read_job, read_state
 
 __all__ = ["load_mixture", "load_mixture_elastic"]
@@ -40,7 +40,7 @@ def load_mixture_elastic(
     starts there."""
     with _inconsistent():
         old, read = read_job(mix, states)
-        return dealt_anew(mix, old, read, [located(r) for r in read], num_workers)
+        return dealt_anew(mix, old, read, located_job(read), num_workers)
 
 
 @contextmanager
