@@ -14,7 +14,7 @@ from ..checkpoint import distributed
 from ..formats import get_format
 from ..index.build import build_index
 from ..index.index import DatasetIndex
-from ..mixing.epochs import MixedEpochs, Timeline, source_seed
+from ..mixing.epochs import MixedEpochs, source_seed
 from ..mixing.schedule import MAX_BLOCK, Schedule
 from ..mixing.source import (
     MAX_EPOCH_SIZE,
@@ -24,6 +24,7 @@ from ..mixing.source import (
     mixture_sources,
     source_column_name,
 )
+from ..mixing.timeline import Timeline
 from ..planning.config import DatasetConfig
 from ..planning.epochs import Epochs
 from ..reading.stream import SourceFiles

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..planning.epochs import Start
-from .epochs import AnyProgress, MixedEpochs, MixedProgress, MixPosition
+from .epochs import AnyProgress, MixedEpochs, MixedProgress
+from .places import MixPosition
 
 __all__ = ["carried_start"]
 

@@ -1,4 +1,5 @@
-"""A mixture's epochs as values: where each stream stands in every source, and its state.
+"""A mixture's epochs as values: its sources' epochs and orders (``MixedEpochs``), and the
+delivery in one mixture epoch (``MixedProgress``): where each stream stands in every source.
 
 Every stream (rank, DataLoader worker) of a mixture reads one mixed sequence of positions
 ``k = 0, 1, 2, ...`` that never restarts: position ``k`` reads source ``schedule.period[k % W]``
@@ -7,21 +8,16 @@ epoch ``n // q``, ``q`` being its share of one epoch of ``s`` (each source is de
 streams as a dataset of its own, every row once, in the source's own shuffled order keyed by
 its name). A mixture epoch is a stretch of ``L`` positions of every stream (``epoch_size``
 dealt to the streams): epoch ``m`` covers ``[m L, (m + 1) L)``, so a stream's position in the
-epoch fixes, in closed form, every source's epoch and row.
-
-A state loaded with ``reweight=True`` under other weights, sources or ``epoch_size`` starts
-a *segment*: from each stream's position then, the new schedule counts on from the rows of
-each source read before it, so no row of a source is read twice or skipped. Nothing here reads
-files.
+epoch fixes, in closed form, every source's epoch and row, counted from the timeline's
+segment (``mixing.timeline``). Nothing here reads files.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -32,27 +28,23 @@ import xxhash
 from ..base.arrays import IntArray
 from ..base.errors import EpochStartError, InvalidStateError
 from ..checkpoint.checks import check_setting
-from ..checkpoint.schema import Generation
 from ..checkpoint.state import stream_list
 from ..index.index import MAX_FILE_GROUPS
 from ..planning.config import DatasetConfig
 from ..planning.epochs import Epochs, Progress, Start
 from ..planning.order import StreamOrder
 from ..planning.plan import Deal, Pieces
-from .phases import Phase, phase_counts, phase_interleave, phase_sources, phases, stream_end
-from .schedule import Interleave, Schedule
+from .phases import Phase, phase_counts, phase_interleave, phase_sources, stream_end
+from .places import MixPosition, SourcePlace, SourceRest
+from .schedule import Interleave
+from .timeline import Segment, Timeline
 
 __all__ = [
     "NO_CARRY",
     "SHARED_KEYS",
     "AnyProgress",
-    "MixPosition",
     "MixedEpochs",
     "MixedProgress",
-    "Segment",
-    "SourcePlace",
-    "SourceRest",
-    "Timeline",
     "source_seed",
 ]
 
@@ -83,138 +75,7 @@ def source_seed(seed: int, name: str) -> int:
     return xxhash.xxh64_intdigest(f"{seed}:{name}".encode()) >> 1
 
 
-class MixPosition(int):
-    """A packed mixture stream's position: the sequences of the epoch handed out (the int's
-    value), and where each source's packing stands: the rows of its share it has handed out
-    over all its epochs, and the tokens of the next row handed out too. (Unpacked, a stream's
-    position in every source follows from its position; packed, from the tokens read.)"""
-
-    sources: tuple[tuple[int, int], ...]
-
-    def __new__(cls, position: int, sources: tuple[tuple[int, int], ...]) -> MixPosition:
-        value = super().__new__(cls, position)
-        value.sources = sources
-        return value
-
-    def __getnewargs__(self) -> tuple[int, tuple[tuple[int, int], ...]]:  # type: ignore[override]
-        return int(self), self.sources
-
-    def __repr__(self) -> str:
-        return f"MixPosition({int(self)}, sources={self.sources})"
-
-
-@dataclass(frozen=True)
-class SourcePlace:
-    """Where a stream stands in one source: that source's epoch, the stream's order in it, the
-    rows of its share there it has read, and (packed) the tokens of the next row read too."""
-
-    epoch: int
-    order: StreamOrder
-    offset: int
-    tokens: int = 0
-
-
-@dataclass(frozen=True)
-class SourceRest:
-    """A source's epochs an elastic resume left unfinished, each with the deals before it (its
-    generations), which every stream reads first, in this order; then its epochs from
-    ``fresh`` on, each dealt afresh. Empty until an elastic resume."""
-
-    epochs: tuple[tuple[int, tuple[Generation, ...]], ...] = ()
-    fresh: int = 0
-
-
 _NO_REST = SourceRest()
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Where the current schedule took over: the mixture epoch then, each worker stream's
-    position in it (``()``: all 0), the rows of each source it had read (a source not named:
-    none) and, after an elastic resume, the positions of that epoch left to each stream. The
-    origin until a state is loaded with ``reweight=True`` or ``elastic=True``."""
-
-    epoch: int = 0
-    positions: tuple[int, ...] = ()
-    counts: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
-    lengths: tuple[int, ...] = ()  # positions of epoch ``epoch`` (an elastic resume's rest)
-
-
-@dataclass(frozen=True)
-class Timeline:
-    """Which source each position of each stream reads: the sources' names and schedule, the
-    positions of an epoch, the segment the schedule counts from, and each source's maximum
-    number of epochs (``None``: it cycles) and whether reaching it ends the stream (``stops``)
-    or leaves the others to go on."""
-
-    names: tuple[str, ...]
-    schedule: Schedule
-    epoch_size: int
-    segment: Segment = Segment()
-    max_epochs: tuple[int | None, ...] = ()
-    stops: tuple[bool, ...] = ()
-
-    @cached_property
-    def weights(self) -> dict[str, int]:
-        return dict(zip(self.names, self.schedule.weights, strict=True))
-
-    @cached_property
-    def policies(self) -> dict[str, list[Any]]:
-        """Each limited source's ``[max_epochs, "stop" | "renormalize"]``."""
-        limits = self.max_epochs or (None,) * len(self.names)
-        stops = self.stops or (False,) * len(self.names)
-        return {
-            name: [limit, "stop" if stop else "renormalize"]
-            for name, limit, stop in zip(self.names, limits, stops, strict=True)
-            if limit is not None
-        }
-
-    def offset(self, length: int, worker: int, epoch: int, position: int) -> int:
-        """Position ``position`` of epoch ``epoch`` of stream ``worker`` (of epochs of
-        ``length`` positions) as a position of the schedule, which starts at the segment."""
-        segment = self.segment
-        begin = segment.positions[worker] if segment.positions else 0
-        first = self.first_length(length, worker)
-        offset = (epoch - segment.epoch) * length + position - begin
-        if epoch > segment.epoch:  # the segment's epoch has ``first`` positions
-            offset += first - length
-        if offset < 0:
-            raise ValueError(
-                f"epoch {epoch} position {position} of worker {worker} comes before the mixture "
-                f"changed (epoch {segment.epoch}, position {begin}): those rows were read under "
-                f"the earlier weights; continue with epoch {segment.epoch} or a later one"
-            )
-        return offset
-
-    def first_length(self, length: int, worker: int) -> int:
-        """Positions of the segment's epoch for stream ``worker``: what an elastic resume
-        dealt of it, or an epoch's, but never fewer than the stream had read when the mixture
-        changed (a shorter epoch ends where the stream stood)."""
-        segment = self.segment
-        if segment.lengths:
-            return segment.lengths[worker]
-        return max(length, segment.positions[worker] if segment.positions else 0)
-
-    def begins(self, epoch: int) -> bool:
-        """Whether epoch ``epoch`` runs under this timeline from its first position: an epoch
-        after the segment's, or the segment's when it took over at that epoch's start."""
-        segment = self.segment
-        if epoch != segment.epoch:
-            return epoch > segment.epoch
-        return not any(segment.positions) and not segment.lengths
-
-    def phases(self, worker: int, shares: tuple[int, ...]) -> tuple[Phase, ...]:
-        """Stream ``worker``'s phases; ``shares``: its rows of one epoch of each source."""
-        segment, count = self.segment, len(self.names)
-        base = tuple(segment.counts[n][worker] if n in segment.counts else 0 for n in self.names)
-        if not self.policies:  # one phase, under the timeline's own (maybe permuted) schedule
-            return (Phase(0, base, tuple(range(count)), self.schedule),)
-        limits = tuple(
-            None if m is None or not q else m * q
-            for m, q in zip(self.max_epochs or (None,) * count, shares, strict=True)
-        )
-        stops = self.stops or (False,) * count
-        return phases(self.schedule.weights, base, limits, stops)
 
 
 @dataclass

@@ -25,7 +25,8 @@ A mixture's state is plain JSON-safe builtins::
 
 Unpacked, each stream's place in a source follows from its position (``mixing.epochs``);
 packed, it is the stored place (how far a source got depends on its tokens). The places by
-content make a changed file of any source fail to match, and the error names the source.
+content make a changed file of any source fail to match, and the error names the source. A
+state read and validated against the job: ``mixing.read``; its places checked: ``mixing.locate``.
 """
 
 from __future__ import annotations
@@ -34,26 +35,28 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..base.errors import CheckpointMismatchError, InvalidStateError
-from ..checkpoint.checks import misplaced
 from ..checkpoint.schema import (
     STATE_VERSION,
-    StreamEntry,
     check_cursor,
     check_version,
     decode_generation,
     encode_generation,
 )
-from ..checkpoint.state import decode
-from .epochs import SHARED_KEYS, MixedEpochs, MixedProgress, Segment, SourceRest, Timeline
+from .epochs import SHARED_KEYS, MixedEpochs, MixedProgress
+from .places import SourceRest
 from .schedule import Schedule
 from .source import MAX_EPOCH_SIZE
+from .timeline import Segment, Timeline
+
+# Positions of a stream over all its epochs: room left within int64.
+MAX_POSITION = 2**62
 
 __all__ = [
-    "check_positions",
+    "MAX_POSITION",
     "check_shape",
-    "checked_rows",
     "encode_mixture",
     "expanded",
+    "in_source",
     "stored_rests",
     "stored_timeline",
 ]
@@ -136,91 +139,7 @@ def expanded(state: object) -> Any:
     return {**state, "sources": {name: {**shared, **sub} for name, sub in subs.items()}}
 
 
-def checked_rows(
-    mix: MixedEpochs, then: MixedProgress, source: int, sub: Any, workers: int
-) -> dict[int, tuple[int, int]]:
-    """Per worker, the row (over all its epochs) of source ``source`` it hands out next and
-    the tokens of it handed out, after checking the source's state against its files, its
-    settings and the stored positions."""
-    name = mix.names[source]
-    epochs = mix.sources[source]
-    streams = max(1, workers)
-    try:
-        decoded = decode(sub, index=epochs.index, settings=epochs.settings(workers))
-    except (CheckpointMismatchError, InvalidStateError) as exc:
-        raise _in_source(exc, name) from exc
-    entries: Sequence[StreamEntry | None] = decoded.streams
-    source_epochs = sub.get("epochs")
-    if len(entries) != streams or not (
-        isinstance(source_epochs, list)
-        and len(source_epochs) == streams
-        and all(type(e) is int and e >= 0 for e in source_epochs)
-    ):
-        raise InvalidStateError(
-            f"state keys 'sources.{name}.streams' and '.epochs' must hold one entry per worker "
-            f"stream ({streams}): the state is corrupted"
-        )
-    stored = then.mix.names.index(name)
-    rows = {}
-    for worker, entry in enumerate(entries):
-        if worker not in then.positions:
-            continue
-        if entry is None:
-            raise InvalidStateError(
-                f"state key 'sources.{name}.streams[{worker}]' is null, but 'streams[{worker}]' "
-                f"holds a position: the state is corrupted"
-            )
-        stream = then.stream(worker)
-        if mix.config.packing is None:
-            ordinal = int(then.counts(worker, then.positions[worker])[stored])
-        else:
-            ordinal = then.mix.ordinal_of(
-                source, stream, source_epochs[worker], entry.position, workers
-            )
-        if not 0 <= ordinal < _MAX_POSITION:
-            raise InvalidStateError(
-                f"state keys 'sources.{name}.epochs' ({source_epochs[worker]} for worker "
-                f"{worker}) and '.fresh' ({sub.get('fresh')!r:.40}) put that worker at row "
-                f"{ordinal} of the source's epochs, outside [0, 2**62): the state is corrupted"
-            )
-        place = then.mix.place(source, stream, ordinal, workers, entry.tokens)
-        if (place.epoch, entry.position, entry.rows, entry.next_row) != (
-            source_epochs[worker],
-            place.offset,
-            place.order.total,
-            place.order.row_at(place.offset),
-        ):
-            where = "the end of a share"
-            if entry.next_row is not None:
-                where = f"{epochs.index.describe(entry.next_row[0])} row {entry.next_row[1]}"
-            raise _in_source(misplaced(where, epochs.settings(workers), worker), name)
-        rows[worker] = (ordinal, entry.tokens)
-    return rows
-
-
-def check_positions(then: MixedProgress) -> None:
-    """Each stream's stored position within its epoch, whose length (after an elastic resume,
-    the segment's) is at most an epoch's share, or what was read when the mixture changed."""
-    segment = then.mix.timeline.segment
-    changed = segment.positions
-    for worker, length in enumerate(segment.lengths):
-        # a rest dealt anew is at most an epoch's share; a changed epoch, what was read then
-        read = changed[worker] if changed else 0
-        if length > max(then.length(worker), read) + 1:
-            raise InvalidStateError(
-                f"state key '_mixture.segment' gives worker {worker} {length} positions in "
-                f"epoch {segment.epoch}, more than an epoch's {then.length(worker)} and the "
-                f"{read} read when the mixture changed: the state is corrupted"
-            )
-    for worker, position in then.positions.items():
-        if position > then.total(worker):
-            raise InvalidStateError(
-                f"state key 'streams[{worker}]' is {position}, past the {then.total(worker)} "
-                f"positions of that stream's epoch: the state is corrupted"
-            )
-
-
-def _in_source(exc: CheckpointMismatchError | InvalidStateError, name: str) -> Exception:
+def in_source(exc: CheckpointMismatchError | InvalidStateError, name: str) -> Exception:
     """``exc`` naming the mixture's source it is about."""
     if isinstance(exc, InvalidStateError):
         return InvalidStateError(f"state of source {name!r}: {exc}")
@@ -274,7 +193,7 @@ def stored_timeline(state: Mapping[str, Any]) -> Timeline:
             f"[positions of that epoch per worker]], each list empty or of one entry per "
             f"worker stream ({streams}), got {segment!r:.200}"
         )
-    if (state["epoch"] + 1) * rows > _MAX_POSITION:
+    if (state["epoch"] + 1) * rows > MAX_POSITION:
         raise InvalidStateError(
             f"state key 'epoch' is {state['epoch']}: epochs of {rows} positions put it past "
             f"position 2**62 of the mixture, beyond any job: the state is corrupted"
@@ -321,9 +240,9 @@ def stored_timeline(state: Mapping[str, Any]) -> Timeline:
     )
 
 
-def stored_rests(state: Mapping[str, Any], mix: MixedEpochs) -> tuple[SourceRest, ...]:
-    """Each current source's epochs left by elastic resumes, as the state records them."""
-    return tuple(_source_rest(state["sources"].get(name), name) for name in mix.names)
+def stored_rests(state: Mapping[str, Any], names: Sequence[str]) -> tuple[SourceRest, ...]:
+    """Each source's (of ``names``) epochs left by elastic resumes, as the state records them."""
+    return tuple(_source_rest(state["sources"].get(name), name) for name in names)
 
 
 def _source_rest(sub: object, name: str) -> SourceRest:
@@ -350,9 +269,6 @@ def _source_rest(sub: object, name: str) -> SourceRest:
         fresh,
     )
 
-
-# Positions of a stream over all its epochs: room left within int64.
-_MAX_POSITION = 2**62
 
 _KEYS: dict[str, type] = {
     "version": int, "epoch": int, "_mixture": dict, "_num_workers": int, "_rank": int,

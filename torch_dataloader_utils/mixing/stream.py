@@ -20,7 +20,8 @@ from ..reading.packing import Pending, documents, packed_batch
 from ..reading.runs import Chunk
 from ..reading.stream import SourceFiles, chunk_rows
 from ..reading.window import Rows, gather
-from .epochs import MixedProgress, MixPosition
+from .epochs import MixedProgress
+from .places import MixPosition
 from .schedule import Interleave
 
 __all__ = ["MixedSource"]
