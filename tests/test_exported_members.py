@@ -32,6 +32,7 @@ def test_exports():
         "StructuredDataLoader",
         "StructuredDataset",
         "TokenPacking",
+        "Tokenize",
         "UnsendableBatchError",
     }
 

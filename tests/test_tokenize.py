@@ -5,17 +5,26 @@ bad rows are errors that name them. Tokenizers are trained here, in a fraction o
 from __future__ import annotations
 
 import pickle
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from torch_dataloader_utils import DataSourceError
-from torch_dataloader_utils.planning.text import Tokenize
-from torch_dataloader_utils.reading.tokenizing import check_text_column, tokenize_chunk
+from torch_dataloader_utils import (
+    CheckpointMismatchError,
+    DataSourceError,
+    StructuredDataset,
+    Tokenize,
+    TokenPacking,
+)
+from torch_dataloader_utils.reading.tokenizing import tokenize_chunk
 
 CORPUS = [f"row {i}: the café serves crème brûlée, 東京 {i * 7} ünïcode" for i in range(400)]
 
@@ -190,10 +199,157 @@ def test_one_list_per_text() -> None:
 
 def test_the_text_column_is_checked(bpe: Tokenizer) -> None:
     schema = pa.schema({"id": pa.int64(), "text": pa.string(), "input_ids": pa.list_(pa.int32())})
-    check_text_column(Tokenize("text", bpe, output="tokens"), schema, "source 'web'")
+    Tokenize("text", bpe, output="tokens").check(schema, "source 'web'")
     with pytest.raises(ValueError, match="Tokenize column 'body' is not in source 'web'"):
-        check_text_column(Tokenize("body", bpe), schema, "source 'web'")
+        Tokenize("body", bpe).check(schema, "source 'web'")
     with pytest.raises(ValueError, match="has type int64; tokenizing needs text"):
-        check_text_column(Tokenize("id", bpe), schema, "source 'web'")
+        Tokenize("id", bpe).check(schema, "source 'web'")
     with pytest.raises(ValueError, match="output 'input_ids' is already a column"):
-        check_text_column(Tokenize("text", bpe), schema, "source 'web'")
+        Tokenize("text", bpe).check(schema, "source 'web'")
+
+
+# ----------------------------------------------------------------------------- in a dataset
+
+WORDS = ["alpha", "beta", "gamma", "café", "東京", "zeta", "ω", "crème", "x"]
+SEQ = 16
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 files of 120 texts of 0-30 words (empty ones too), row groups of 25 rows."""
+    root = tmp_path_factory.mktemp("text")
+    rng = np.random.default_rng(3)
+    for f in range(3):
+        texts = [" ".join(rng.choice(WORDS, rng.integers(0, 30))) for _ in range(120)]
+        table = pa.table({"id": np.arange(f * 120, (f + 1) * 120), "text": texts})
+        pq.write_table(table, root / f"part-{f}.parquet", row_group_size=25)
+    return root
+
+
+def loader_of(path: Path, tokenize: Tokenize, **kwargs: Any) -> Any:
+    packing = TokenPacking("input_ids", seq_len=SEQ)
+    return StructuredDataset.create_dataloader(
+        str(path), batch_size=3, tokenize=tokenize, packing=packing, **kwargs
+    )[0]
+
+
+def sequences(loader: Any) -> list[list[int]]:
+    return [row for batch in loader for row in batch["input_ids"].tolist()]
+
+
+def real_tokens(loader: Any) -> Counter[int]:
+    """Every token a loader delivers, padding left out."""
+    return Counter(
+        token
+        for batch in loader
+        for token in batch["input_ids"].flatten()[: batch["num_tokens"]].tolist()
+    )
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_packed_tokens_are_the_rows_texts_tokenized_alone(
+    bpe: Tokenizer, text_dir: Path, shuffle: bool
+) -> None:
+    """The packed stream is every row's ``tokens(text) + [eos]``, in delivery order (the rows
+    of the same dataset read without tokenizing), cut into sequences of SEQ tokens."""
+    tokenize = Tokenize("text", bpe, eos_id=1)
+    rows, _ = StructuredDataset.create_dataloader(
+        str(text_dir), batch_size=50, columns=["text"], shuffle=shuffle, output="arrow"
+    )
+    texts = [t for batch in rows for t in batch.column("text").to_pylist()]
+    stream = [token for ids in reference(bpe, texts, None, 1) for token in ids]
+    got = sequences(loader_of(text_dir, tokenize, shuffle=shuffle, drop_last=True))
+    full = len(stream) // (3 * SEQ) * 3 * SEQ  # whole batches of 3 sequences
+    assert [t for row in got for t in row] == stream[:full]
+
+
+@settings(max_examples=8, deadline=None)
+@given(stop=st.integers(0, 40), shuffle=st.booleans())
+def test_resume_continues_token_for_token(
+    bpe: Tokenizer, text_dir: Path, stop: int, shuffle: bool
+) -> None:
+    """Stopped after any batch (mid-document), a new loader resumes exactly: the rest is the
+    uninterrupted run's, sequence for sequence."""
+    tokenize = Tokenize("text", bpe, bos_id=0, eos_id=1)
+    full = sequences(loader_of(text_dir, tokenize, shuffle=shuffle))
+    first = loader_of(text_dir, tokenize, shuffle=shuffle)
+    it = iter(first)
+    head = [
+        row
+        for _, batch in zip(range(stop), it, strict=False)
+        for row in batch["input_ids"].tolist()
+    ]
+    state = first.state_dict()
+    assert state["_tokenize"] == ["text", tokenize.fingerprint]
+    resumed = loader_of(text_dir, tokenize, shuffle=shuffle)
+    resumed.load_state_dict(state)
+    assert head + sequences(resumed) == full
+
+
+def test_workers_tokenize_and_resume_exactly(bpe: Tokenizer, text_dir: Path) -> None:
+    tokenize = Tokenize("text", bpe, eos_id=1)
+    full = sequences(loader_of(text_dir, tokenize, shuffle=True, num_workers=2))
+    # two streams now, one before: the same real tokens (every row's, once), other sequences
+    assert real_tokens(loader_of(text_dir, tokenize, shuffle=True, num_workers=2)) == (
+        real_tokens(loader_of(text_dir, tokenize, shuffle=True))
+    )
+    first = loader_of(text_dir, tokenize, shuffle=True, num_workers=2)
+    it = iter(first)
+    head = [
+        row for _, batch in zip(range(5), it, strict=False) for row in batch["input_ids"].tolist()
+    ]
+    state = first.state_dict()
+    del it
+    resumed = loader_of(text_dir, tokenize, shuffle=True, num_workers=2)
+    resumed.load_state_dict(state)
+    assert head + sequences(resumed) == full
+
+
+def test_another_tokenizer_is_refused_naming_it(bpe: Tokenizer, text_dir: Path) -> None:
+    first = loader_of(text_dir, Tokenize("text", bpe, eos_id=1))
+    next(iter(first))
+    state = first.state_dict()
+    for other in (
+        Tokenize("text", bpe, eos_id=0),
+        Tokenize("text", train(vocab_size=300), eos_id=1),
+    ):
+        resumed = loader_of(text_dir, other)
+        with pytest.raises(
+            CheckpointMismatchError, match="Likely cause: tokenizer changed"
+        ) as info:
+            resumed.load_state_dict(state)
+        assert info.value.field == "tokenizer"
+
+
+def test_unpacked_batches_hold_each_rows_tokens(bpe: Tokenizer, text_dir: Path) -> None:
+    """Without packing the tokens are a jagged column; columns= names it by its output name."""
+    loader, _ = StructuredDataset.create_dataloader(
+        str(text_dir), batch_size=40, columns=["id", "tokens"],
+        tokenize=Tokenize("text", bpe, eos_id=1, output="tokens"),
+    )  # fmt: skip
+    texts = pq.read_table(text_dir / "part-0.parquet").column("text").to_pylist()[:40]
+    batch = next(iter(loader))
+    assert list(batch) == ["id", "tokens"]
+    assert [t.tolist() for t in batch["tokens"].unbind()] == reference(bpe, texts, None, 1)
+
+
+def test_a_null_text_names_its_file_row_group_and_row(bpe: Tokenizer, tmp_path: Path) -> None:
+    texts = ["a b"] * 30 + [None] + ["c"] * 9
+    pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet", row_group_size=25)
+    loader = loader_of(tmp_path, Tokenize("text", bpe))
+    with pytest.raises(DataSourceError, match=r"t.parquet, row group 1, row 30: column 'text'"):
+        sequences(loader)
+
+
+def test_what_cannot_be_tokenized_is_refused(bpe: Tokenizer, text_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"part-0.parquet has no column\(s\) \['body'\]"):
+        loader_of(text_dir, Tokenize("body", bpe))
+    with pytest.raises(ValueError, match="has type int64; tokenizing needs text"):
+        loader_of(text_dir, Tokenize("id", bpe))
+    with pytest.raises(ValueError, match="tokenize= does not take a mixture of sources yet"):
+        StructuredDataset.create_dataloader(
+            {"a": str(text_dir), "b": str(text_dir)}, weights={"a": 1, "b": 1},
+            tokenize=Tokenize("text", bpe),
+        )  # fmt: skip
+    with pytest.raises(TypeError, match="tokenize must be a Tokenize"):
+        StructuredDataset.create_dataloader(str(text_dir), tokenize="text")

@@ -13,6 +13,7 @@ from .base.errors import (
     UnsendableBatchError,
 )
 from .mixing.source import Source
+from .planning.text import Tokenize
 from .planning.tokens import TokenPacking
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "StructuredDataLoader",
     "StructuredDataset",
     "TokenPacking",
+    "Tokenize",
     "UnsendableBatchError",
 ]
 

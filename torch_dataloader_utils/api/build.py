@@ -90,11 +90,14 @@ def _source(
     shared = share_index and distributed.spans_process_group(world.rank, world.world_size)
     job = distributed if shared else None
     index = build_index(storage, fmt, path, config.read_columns, config.split_bytes, job=job)
+    if config.tokenize is not None:
+        config.tokenize.check(index.schema, f"the files at {storage.display(first)}")
     files = SourceFiles(
         storage=storage,
         fmt=fmt,
         columns=config.read_columns,
         memory_bytes=config.shuffle_memory_bytes,
+        tokenize=config.tokenize,
     )
     return index, files
 
@@ -113,6 +116,11 @@ def _mixture(
     schedule_block: int | None,
 ) -> tuple[MixedEpochs, tuple[SourceFiles, ...]]:
     """The epochs of a mixture of ``paths`` and how to read each source."""
+    if config.tokenize is not None:
+        raise ValueError(
+            "tokenize= does not take a mixture of sources yet: tokenize each source's texts "
+            "offline into a token column, or read one dataset"
+        )
     if config.packing is not None and epoch_size is None:
         raise ValueError(
             "a packed mixture needs epoch_size= (packed sequences per epoch, over all "

@@ -26,6 +26,7 @@ from ..mixing.source import Source
 from ..mixing.state import check_shape as mixture_shape
 from ..planning.config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES, DatasetConfig
 from ..planning.epochs import Epochs, Start
+from ..planning.text import Tokenize
 from ..planning.tokens import TokenPacking
 from ..reading.convert import warm_up
 from ..reading.reader import StreamReader
@@ -55,9 +56,10 @@ class StructuredDataset(ServedDataset):
     rows, dealt alike to its workers, so every rank yields the same number of batches, as DDP
     needs; the fewer than ``world_size`` rows left over are left out of the epoch (logged, and
     recorded as consumed). ``packing`` (a ``TokenPacking``) turns a token column into batches
-    of fixed-length sequences, resumable to the token. ``share_index=True`` makes building the
-    dataset a collective under ``torch.distributed``: rank 0 reads the footers and the other
-    ranks receive the index (every rank must build it together). Arguments:
+    of fixed-length sequences, resumable to the token; ``tokenize`` (a ``Tokenize``) turns a
+    text column into tokens first, in the workers (``docs/text.md``). ``share_index=True``
+    makes building the dataset a collective under ``torch.distributed``: rank 0 reads the
+    footers and the other ranks receive the index (every rank must build it together). Arguments:
     ``docs/usage.md``; the state: ``docs/checkpoints.md``.
     """
 
@@ -80,6 +82,7 @@ class StructuredDataset(ServedDataset):
         drop_last: bool = False,
         even_batches: bool | None = None,
         packing: TokenPacking | None = None,
+        tokenize: Tokenize | None = None,
         share_index: bool = False,
         weights: Mapping[str, int] | None = None,
         epoch_size: int | None = None,
@@ -101,6 +104,7 @@ class StructuredDataset(ServedDataset):
             transform=transform,
             drop_last=flag("drop_last", drop_last),
             packing=packing,
+            tokenize=tokenize,
         )
         self._rank, self._world_size = detect_ranks(
             optional_whole("rank", rank, at_least=0),
@@ -145,6 +149,7 @@ class StructuredDataset(ServedDataset):
         drop_last: bool = False,
         even_batches: bool | None = None,
         packing: TokenPacking | None = None,
+        tokenize: Tokenize | None = None,
         share_index: bool = False,
         weights: Mapping[str, int] | None = None,
         epoch_size: int | None = None,
@@ -172,6 +177,7 @@ class StructuredDataset(ServedDataset):
             drop_last=drop_last,
             even_batches=even_batches,
             packing=packing,
+            tokenize=tokenize,
             share_index=share_index,
             weights=weights,
             epoch_size=epoch_size,

@@ -36,6 +36,8 @@ def check_settings(state: Mapping[str, Any], settings: Settings, elastic: bool) 
         "num_workers": (state["_num_workers"], settings.num_workers),
         # which tokens a row makes (seq_len may change: positions count tokens)
         "packing": (state["_packing"], settings.packing),
+        # which tokens a text makes: the text column and the tokenizer's whole definition
+        "tokenizer": (state.get("_tokenize"), settings.tokenize),
     }
     for name, (expected, found) in pairs.items():
         if elastic and name in ELASTIC_FIELDS:
@@ -53,6 +55,11 @@ def check_setting(name: str, expected: object, found: object, split: str) -> Non
     hint = ""
     if name == "shuffle_window_rows":
         hint = " (the rows of a shuffle window follow the files' bytes per row)"
+    if name == "tokenizer":
+        hint = (
+            " (the text column, the tokenizer's definition or bos_id/eos_id differ: the "
+            "checkpoint's token positions would count other tokens)"
+        )
     if name in ELASTIC_FIELDS:
         hint = " (pass elastic=True with every rank's state to re-deal the rest of the epoch)"
     what = f"the state of rank {expected}" if name == "rank" else "this checkpoint"

@@ -10,6 +10,8 @@ A state is plain JSON-safe builtins::
     _shuffle_memory_bytes               int      the shuffle's memory budget per stream
     _shuffle_window_rows                int      rows of a shuffle window (0 unshuffled)
     _packing                            list | null   TokenPacking.setting
+    _tokenize        (only when given)  list          Tokenize.setting: [text column, the
+                                                      tokenizer's fingerprint]
     files        {"count", "digest", "groups": [[first, last, count, digest], ...], "root"}
     num_splits                          int
     streams      one entry per worker stream of this rank, in worker order:
@@ -120,6 +122,7 @@ class Settings:
     num_workers: int
     even_batches: bool = False
     packing: list[Any] | None = None  # TokenPacking.setting
+    tokenize: list[str] | None = None  # Tokenize.setting
 
     @property
     def streams_per_rank(self) -> int:
@@ -310,6 +313,16 @@ def _check_nested(state: Mapping[str, Any]) -> None:
     ):
         raise InvalidStateError(
             f"state key '_packing' must be null or [column, separator], got {packing!r:.200}"
+        )
+    tokenize = state.get("_tokenize")
+    if "_tokenize" in state and not (
+        isinstance(tokenize, list)
+        and len(tokenize) == 2
+        and all(isinstance(t, str) for t in tokenize)
+    ):
+        raise InvalidStateError(
+            f"state key '_tokenize' must be [text column, tokenizer fingerprint], got "
+            f"{tokenize!r:.200}"
         )
 
 

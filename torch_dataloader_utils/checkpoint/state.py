@@ -68,6 +68,8 @@ def encode(
         "streams": [encode_stream(e, index) for e in streams],
         "generations": [encode_generation(g) for g in generations],
         "cursor": cursor,
+        # only when tokenizing: the states of datasets that do not stay as they were
+        **({} if settings.tokenize is None else {"_tokenize": settings.tokenize}),
     }
 
 

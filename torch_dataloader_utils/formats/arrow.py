@@ -26,6 +26,7 @@ __all__ = ["ArrowFormat"]
 class ArrowFormat(FileFormat):
     name = "arrow"
     extensions = (".arrow", ".feather", ".ipc")
+    unit_name = "record batch"
     decodes_into_new_memory = False
 
     def read_metadata(self, source: Any) -> FileMetadata:

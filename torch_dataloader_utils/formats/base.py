@@ -46,6 +46,8 @@ class FileFormat(ABC):
     # True when decoding always produces fresh, writable memory (never the file's own bytes),
     # so tensors may share it without a copy.
     decodes_into_new_memory: ClassVar[bool]
+    # What its units are called in messages ("row group").
+    unit_name: ClassVar[str]
 
     @abstractmethod
     def read_metadata(self, source: Any) -> FileMetadata:

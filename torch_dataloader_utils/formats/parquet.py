@@ -26,6 +26,7 @@ _FOOTER_SIGNATURE = 28  # nonce (12) + AES-GCM tag (16) after a signed plaintext
 class ParquetFormat(FileFormat):
     name = "parquet"
     extensions = (".parquet", ".parq", ".pq")
+    unit_name = "row group"
     decodes_into_new_memory = True
 
     def read_metadata(self, source: Any) -> FileMetadata:

@@ -153,6 +153,15 @@ class DatasetIndex:
             return None
         return at
 
+    def locate_row(self, split: int, row: int) -> tuple[str, int, int]:
+        """Row ``row`` of split ``split`` as ``(file display path, unit, row of the file)``,
+        for errors about one row."""
+        s = self.splits[split]
+        file_row = s.row_offset + row
+        ends = np.cumsum(self.files[s.file].metadata.unit_rows)
+        unit = int(np.searchsorted(ends, file_row, side="right"))
+        return self.files[s.file].display, unit, file_row
+
     def describe(self, split: int) -> str:
         """``path rows [a, b)`` of split ``split``, as messages and states name it."""
         s = self.splits[split]

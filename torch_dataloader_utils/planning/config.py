@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from ..base.args import whole
 from ..base.row_bytes import converted_row_bytes
+from .text import Tokenize
 from .tokens import TokenPacking
 
 __all__ = [
@@ -42,6 +43,7 @@ class DatasetConfig:
     drop_last: bool = False
     shuffle_memory_bytes: int = DEFAULT_SHUFFLE_MEMORY_BYTES
     packing: TokenPacking | None = None
+    tokenize: Tokenize | None = None
 
     def __post_init__(self) -> None:
         self._normalize_ints()
@@ -55,6 +57,8 @@ class DatasetConfig:
         ):
             raise ValueError(f"columns must be a non-empty list of names, got {self.columns!r}")
         self._check_packing()
+        if self.tokenize is not None and not isinstance(self.tokenize, Tokenize):
+            raise TypeError(f"tokenize must be a Tokenize, got {type(self.tokenize).__name__}")
 
     def _normalize_ints(self) -> None:
         """Builtin ints (numpy's taken too), so that a state holds builtins only."""
@@ -72,8 +76,17 @@ class DatasetConfig:
 
     @property
     def read_columns(self) -> tuple[str, ...] | None:
-        """The columns read from the files: packing reads its token column only."""
-        return self.columns if self.packing is None else (self.packing.column,)
+        """The columns read from the files: packing reads its token column only; a token
+        column that ``tokenize`` makes is read as its text column."""
+        columns = self.columns if self.packing is None else (self.packing.column,)
+        if self.tokenize is None or columns is None:
+            return columns
+        return tuple(self.tokenize.read_column(name) for name in columns)
+
+    def delivered(self, schema: pa.Schema) -> pa.Schema:
+        """The schema of what a stream delivers from files of ``schema`` (the columns read):
+        tokenized text as its tokens."""
+        return schema if self.tokenize is None else self.tokenize.delivered(schema)
 
     def _check_packing(self) -> None:
         packing = self.packing

@@ -115,8 +115,8 @@ class Epochs:
 
     @property
     def schema(self) -> pa.Schema:
-        """The columns of a batch."""
-        return self.index.schema
+        """The columns of a batch (tokenized text as its tokens)."""
+        return self.config.delivered(self.index.schema)
 
     @property
     def shuffle(self) -> Shuffle | None:
@@ -143,6 +143,7 @@ class Epochs:
             num_workers=num_workers,
             even_batches=self.even_batches,
             packing=None if config.packing is None else config.packing.setting,
+            tokenize=None if config.tokenize is None else config.tokenize.setting,
         )
 
     def plan(self, start: Start, num_workers: int) -> EpochPlan:

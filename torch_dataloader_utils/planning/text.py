@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.types as pat
 import xxhash
 
 from ..base.args import optional_name, optional_whole
@@ -72,6 +74,40 @@ class Tokenize:
         object.__setattr__(self, "fingerprint", digest.hexdigest())
 
     @property
+    def setting(self) -> list[str]:
+        """What a checkpoint records: the text column and the tokenizer's fingerprint."""
+        return [self.column, self.fingerprint]
+
+    def check(self, schema: pa.Schema, where: str) -> None:
+        """Raise unless ``schema`` (of ``where``: the files, or a source) holds the text column
+        and no column already named as the tokens."""
+        if self.column not in schema.names:
+            raise ValueError(
+                f"Tokenize column {self.column!r} is not in {where}; columns: {schema.names}"
+            )
+        kind = schema.field(self.column).type
+        if not _is_text(kind):
+            raise ValueError(
+                f"Tokenize column {self.column!r} of {where} has type {kind}; tokenizing needs "
+                f"text: string, large_string, string_view, or binary holding UTF-8"
+            )
+        if self.output != self.column and self.output in schema.names:
+            raise ValueError(
+                f"Tokenize output {self.output!r} is already a column of {where}; name the "
+                f"tokens otherwise (Tokenize(..., output=...)) or leave that column out "
+                f"(columns=)"
+            )
+
+    def delivered(self, schema: pa.Schema) -> pa.Schema:
+        """``schema`` with the text column replaced, in its place, by the token column."""
+        index = schema.get_field_index(self.column)
+        return schema.set(index, pa.field(self.output, pa.list_(pa.int32()), nullable=False))
+
+    def read_column(self, name: str) -> str:
+        """The column of the files that delivers column ``name``."""
+        return self.column if name == self.output else name
+
+    @property
     def label(self) -> str:
         """The tokenizer as messages name it."""
         return self.name or type(self.tokenizer).__name__
@@ -87,6 +123,16 @@ class Tokenize:
             return [encoding.ids for encoding in encode(texts, add_special_tokens=False)]
 
         return encode_texts
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(
+        pat.is_string(kind)
+        or pat.is_large_string(kind)
+        or pat.is_binary(kind)
+        or pat.is_large_binary(kind)
+        or kind == pa.string_view()
+    )
 
 
 def _backend(tokenizer: object) -> Any:

@@ -26,6 +26,7 @@ from ..formats import FileFormat
 from ..index.index import DatasetIndex
 from ..planning.order import StreamOrder
 from ..planning.plan import Position
+from ..planning.text import Tokenize
 from ..planning.tokens import TokenPacking
 from ..storage.filesystem import Storage
 from ..storage.remote import WINDOW
@@ -34,6 +35,7 @@ from .pieces import Opener, piece_chunks, piece_read
 from .prefetch import prefetch
 from .runs import Chunk, Run, cut_runs
 from .shuffled import shuffled_chunks
+from .tokenizing import tokenize_chunk
 from .window import Rows
 
 __all__ = ["ChunkSource", "SourceFiles", "StreamSource", "chunk_rows", "read_stream"]
@@ -60,6 +62,7 @@ class SourceFiles:
     fmt: FileFormat
     columns: tuple[str, ...] | None
     memory_bytes: int
+    tokenize: Tokenize | None = None
 
     def stream(self, order: StreamOrder) -> StreamSource:
         """The stream of ``order`` over these files."""
@@ -69,6 +72,7 @@ class SourceFiles:
             fmt=self.fmt,
             columns=self.columns,
             memory_bytes=self.memory_bytes,
+            tokenize=self.tokenize,
         )
 
 
@@ -81,6 +85,7 @@ class StreamSource:
     fmt: FileFormat
     columns: tuple[str, ...] | None
     memory_bytes: int
+    tokenize: Tokenize | None = None  # text tokenized after decoding (and gathering)
 
     @property
     def index(self) -> DatasetIndex:
@@ -92,7 +97,9 @@ class StreamSource:
 
     @property
     def schema(self) -> pa.Schema:
-        return self.index.schema
+        """What the stream delivers: the files' columns read, tokenized text as its tokens."""
+        schema = self.index.schema
+        return schema if self.tokenize is None else self.tokenize.delivered(schema)
 
     @property
     def decodes_into_new_memory(self) -> bool:
@@ -109,9 +116,35 @@ class StreamSource:
         next window read while this one is handed out). Record batches; with ``rows``,
         shuffled rows as ``Rows``, for a caller that copies them anyway."""
         chunks = _chunks(self, start, self.read_rows(min_rows), read_ahead)
+        if self.tokenize is not None:
+            chunks = self._tokenized(_batches(chunks), self.tokenize)
         if read_ahead and self.order.shuffled is None:
             chunks = prefetch(chunks, read_ahead)
         return chunks if rows else _batches(chunks)
+
+    def _tokenized(
+        self, chunks: Iterator[tuple[pa.RecordBatch, int]], tokenize: Tokenize
+    ) -> Iterator[tuple[Chunk, int]]:
+        """``chunks`` with their text tokenized (one call of the tokenizer per chunk)."""
+        encode = tokenize.encoder()
+        try:
+            for chunk, position in chunks:
+                first = position - chunk.num_rows
+
+                def describe(row: int, first: int = first) -> str:
+                    return self.describe_row(first + row)
+
+                yield tokenize_chunk(chunk, tokenize, encode, describe), position
+        finally:
+            chunks.close()  # type: ignore[attr-defined]
+
+    def describe_row(self, position: Position) -> str:
+        """The file, unit and row the stream delivers as its row ``position``."""
+        found = self.order.row_at(position)
+        if found is None:
+            return f"row {position} of {self.describe_at(position)}"
+        display, unit, row = self.index.locate_row(*found)
+        return f"{display}, {self.fmt.unit_name} {unit}, row {row}"
 
     def packed(
         self,

@@ -22,30 +22,10 @@ import pyarrow.types as pat
 from ..base.errors import DataSourceError
 from ..planning.text import MAX_TOKEN_ID, Encoder, Tokenize
 
-__all__ = ["check_text_column", "tokenize_chunk"]
+__all__ = ["tokenize_chunk"]
 
 # Rows are named by ``describe(row)``: the file, unit and row of the chunk's row ``row``.
 Describe = Callable[[int], str]
-
-
-def check_text_column(tokenize: Tokenize, schema: pa.Schema, where: str) -> None:
-    """Raise unless ``schema`` (of ``where``: a dataset or source) holds a text column to
-    tokenize and no column already named as the tokens."""
-    if tokenize.column not in schema.names:
-        raise ValueError(
-            f"Tokenize column {tokenize.column!r} is not in {where}; columns: {schema.names}"
-        )
-    kind = schema.field(tokenize.column).type
-    if not _is_text(kind):
-        raise ValueError(
-            f"Tokenize column {tokenize.column!r} of {where} has type {kind}; tokenizing needs "
-            f"text: string, large_string, string_view, or binary holding UTF-8"
-        )
-    if tokenize.output != tokenize.column and tokenize.output in schema.names:
-        raise ValueError(
-            f"Tokenize output {tokenize.output!r} is already a column of {where}; name the "
-            f"tokens otherwise (Tokenize(..., output=...)) or leave that column out (columns=)"
-        )
 
 
 def tokenize_chunk(
@@ -69,17 +49,7 @@ def tokenize_chunk(
         )
     tokens = _token_lists(ids, tokenize, describe)
     index = chunk.schema.get_field_index(tokenize.column)
-    return chunk.set_column(index, tokenize.output, tokens)
-
-
-def _is_text(kind: pa.DataType) -> bool:
-    return bool(
-        pat.is_string(kind)
-        or pat.is_large_string(kind)
-        or pat.is_binary(kind)
-        or pat.is_large_binary(kind)
-        or kind == pa.string_view()
-    )
+    return chunk.set_column(index, tokenize.delivered(chunk.schema).field(index), tokens)
 
 
 def _texts(column: pa.Array, tokenize: Tokenize, describe: Describe) -> list[str]:
