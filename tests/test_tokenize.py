@@ -4,6 +4,7 @@ bad rows are errors that name them. Tokenizers are trained here, in a fraction o
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections import Counter
 from pathlib import Path
@@ -20,6 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch_dataloader_utils import (
     CheckpointMismatchError,
     DataSourceError,
+    Source,
     StructuredDataset,
     Tokenize,
     TokenPacking,
@@ -346,10 +348,61 @@ def test_what_cannot_be_tokenized_is_refused(bpe: Tokenizer, text_dir: Path) -> 
         loader_of(text_dir, Tokenize("body", bpe))
     with pytest.raises(ValueError, match="has type int64; tokenizing needs text"):
         loader_of(text_dir, Tokenize("id", bpe))
-    with pytest.raises(ValueError, match="tokenize= does not take a mixture of sources yet"):
-        StructuredDataset.create_dataloader(
-            {"a": str(text_dir), "b": str(text_dir)}, weights={"a": 1, "b": 1},
-            tokenize=Tokenize("text", bpe),
-        )  # fmt: skip
     with pytest.raises(TypeError, match="tokenize must be a Tokenize"):
         StructuredDataset.create_dataloader(str(text_dir), tokenize="text")
+
+
+# ----------------------------------------------------------------------------- in a mixture
+
+
+@pytest.fixture(scope="module")
+def content_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A source whose text column is called ``content``."""
+    root = tmp_path_factory.mktemp("content")
+    rng = np.random.default_rng(4)
+    texts = [" ".join(rng.choice(WORDS, rng.integers(0, 20))) for _ in range(150)]
+    pq.write_table(pa.table({"content": texts}), root / "c.parquet", row_group_size=30)
+    return root
+
+
+def mixture_of(text_dir: Path, content_dir: Path, tokenize: Tokenize, **kwargs: Any) -> Any:
+    sources = {"web": str(text_dir), "code": Source(path=str(content_dir), text_column="content")}
+    return StructuredDataset.create_dataloader(
+        sources, weights={"web": 2, "code": 1}, epoch_size=40, batch_size=2, shuffle=True,
+        tokenize=tokenize, packing=TokenPacking("input_ids", seq_len=SEQ), **kwargs,
+    )[0]  # fmt: skip
+
+
+@settings(max_examples=5, deadline=None)
+@given(stop=st.integers(0, 19))
+def test_a_mixture_tokenizes_each_sources_column_and_resumes_exactly(
+    bpe: Tokenizer, text_dir: Path, content_dir: Path, stop: int
+) -> None:
+    """Each source names its own text column; every source's state holds the tokenizer."""
+    tokenize = Tokenize("text", bpe, eos_id=1)
+    full = sequences(mixture_of(text_dir, content_dir, tokenize))
+    first = mixture_of(text_dir, content_dir, tokenize)
+    it = iter(first)
+    head = [row for _, b in zip(range(stop), it, strict=False) for row in b["input_ids"].tolist()]
+    state = first.state_dict()
+    resumed = mixture_of(text_dir, content_dir, tokenize)
+    resumed.load_state_dict(state)
+    assert head + sequences(resumed) == full
+    assert json.dumps(state).count('"_tokenize"') == 2  # one per source
+
+
+def test_a_mixture_refuses_another_tokenizer(
+    bpe: Tokenizer, text_dir: Path, content_dir: Path
+) -> None:
+    first = mixture_of(text_dir, content_dir, Tokenize("text", bpe, eos_id=1))
+    next(iter(first))
+    state = first.state_dict()
+    resumed = mixture_of(text_dir, content_dir, Tokenize("text", bpe, eos_id=0))
+    with pytest.raises(CheckpointMismatchError, match="Likely cause: tokenizer changed"):
+        resumed.load_state_dict(state)
+
+
+def test_a_sources_text_column_needs_tokenize(text_dir: Path, content_dir: Path) -> None:
+    sources = {"web": str(text_dir), "code": Source(path=str(content_dir), text_column="content")}
+    with pytest.raises(ValueError, match="source 'code': text_column='content' names a text"):
+        StructuredDataset.create_dataloader(sources, weights={"web": 1, "code": 1})

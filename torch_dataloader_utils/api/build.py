@@ -27,6 +27,7 @@ from ..mixing.source import (
 from ..mixing.timeline import Timeline
 from ..planning.config import DatasetConfig
 from ..planning.epochs import Epochs
+from ..planning.text import Tokenize
 from ..reading.stream import SourceFiles
 from ..storage.filesystem import Storage
 
@@ -116,11 +117,6 @@ def _mixture(
     schedule_block: int | None,
 ) -> tuple[MixedEpochs, tuple[SourceFiles, ...]]:
     """The epochs of a mixture of ``paths`` and how to read each source."""
-    if config.tokenize is not None:
-        raise ValueError(
-            "tokenize= does not take a mixture of sources yet: tokenize each source's texts "
-            "offline into a token column, or read one dataset"
-        )
     if config.packing is not None and epoch_size is None:
         raise ValueError(
             "a packed mixture needs epoch_size= (packed sequences per epoch, over all "
@@ -137,6 +133,7 @@ def _mixture(
                 config, format=spec.format, split_bytes=spec.split_bytes,
                 shuffle_seed=source_seed(config.shuffle_seed, spec.name),
                 shuffle_memory_bytes=spec.memory_bytes,
+                tokenize=_source_tokenize(config, spec.text_column),
             )  # fmt: skip
         except ValueError as exc:
             raise ValueError(f"source {spec.name!r}: {exc}") from exc
@@ -147,7 +144,7 @@ def _mixture(
         )  # fmt: skip
         files.append(opened)
     names = tuple(spec.name for spec in specs)
-    check_schemas(names, [epochs.index.schema for epochs in sources])
+    check_schemas(names, [epochs.schema for epochs in sources])  # as delivered: tokens
     if source_column is not None and source_column in sources[0].index.schema.names:
         raise ValueError(
             f"the sources have a column {source_column!r}, the name of the column that "
@@ -182,3 +179,15 @@ def _mixture(
         source_column=source_column,
     )
     return mix, tuple(files)
+
+
+def _source_tokenize(config: DatasetConfig, text_column: str | None) -> Tokenize | None:
+    """How a source tokenizes: the mixture's ``Tokenize``, on the source's own text column."""
+    if text_column is None:
+        return config.tokenize
+    if config.tokenize is None:
+        raise ValueError(
+            f"text_column={text_column!r} names a text column to tokenize, but the mixture has "
+            f"no tokenize=Tokenize(...)"
+        )
+    return replace(config.tokenize, column=text_column)

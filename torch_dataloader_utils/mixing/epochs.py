@@ -230,7 +230,7 @@ class MixedEpochs:
     def source_schema(self) -> pa.Schema:
         """The columns every source holds (``mixing.source.check_schemas``), in the first source's
         order: a batch joins its sources' columns by name, in this order."""
-        return self.sources[0].index.schema
+        return self.sources[0].schema
 
     @cached_property
     def schema(self) -> pa.Schema:

@@ -50,6 +50,9 @@ class Source:
 
     Each source shuffles in windows of its own: a stream of a mixture holds up to the sum of
     its sources' ``shuffle_memory_bytes`` (``docs/mixing.md``).
+
+    ``text_column`` names the source's text column when the mixture tokenizes
+    (``tokenize=Tokenize(...)``) and the source's differs from ``Tokenize.column``.
     """
 
     path: PathArg
@@ -59,6 +62,7 @@ class Source:
     shuffle_memory_bytes: int | None = None
     max_epochs: int | None = None
     when_exhausted: str = "renormalize"
+    text_column: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class SourceSpec:
     memory_bytes: int
     max_epochs: int | None
     stops: bool
+    text_column: str | None = None
 
 
 def mixture_sources(
@@ -131,6 +136,7 @@ def mixture_sources(
                     f"max_epochs of source {name!r}", source.max_epochs, at_least=1
                 ),
                 stops=_stops(name, source.when_exhausted),
+                text_column=optional_name(f"text_column of source {name!r}", source.text_column),
             )
         )
     return tuple(specs)
