@@ -307,6 +307,29 @@ def test_workers_tokenize_and_resume_exactly(bpe: Tokenizer, text_dir: Path) -> 
     assert head + sequences(resumed) == full
 
 
+@settings(max_examples=6, deadline=None)
+@given(steps=st.tuples(st.integers(0, 15), st.integers(0, 15)), new_world=st.integers(1, 3))
+def test_elastic_resume_delivers_every_token_once(
+    bpe: Tokenizer, text_dir: Path, steps: tuple[int, int], new_world: int
+) -> None:
+    """2 ranks stop anywhere (mid-document); ``new_world`` ranks deal the rest anew: with what
+    the 2 ranks delivered, every row's tokens exactly once."""
+    tokenize = Tokenize("text", bpe, eos_id=1)
+    common = {"shuffle": True, "even_batches": False}
+    states, got = [], Counter[int]()
+    for rank, k in enumerate(steps):
+        loader = loader_of(text_dir, tokenize, rank=rank, world_size=2, **common)
+        it = iter(loader)
+        for _, batch in zip(range(k), it, strict=False):
+            got += Counter(batch["input_ids"].flatten()[: batch["num_tokens"]].tolist())
+        states.append(loader.state_dict())
+    for rank in range(new_world):
+        loader = loader_of(text_dir, tokenize, rank=rank, world_size=new_world, **common)
+        loader.load_state_dict(states, elastic=True)
+        got += real_tokens(loader)
+    assert got == real_tokens(loader_of(text_dir, tokenize))
+
+
 def test_another_tokenizer_is_refused_naming_it(bpe: Tokenizer, text_dir: Path) -> None:
     first = loader_of(text_dir, Tokenize("text", bpe, eos_id=1))
     next(iter(first))
