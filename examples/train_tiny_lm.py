@@ -54,12 +54,12 @@ def write_documents(directory: Path, files: int = 3, docs: int = 50) -> int:
 class TinyLM(nn.Module):
     """Embedding, one causal self-attention block limited to each document, a head."""
 
-    def __init__(self, width: int = 32) -> None:
+    def __init__(self, vocab: int = VOCAB, width: int = 32) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, width)
+        self.embed = nn.Embedding(vocab, width)
         self.position = nn.Embedding(1024, width)
         self.qkv = nn.Linear(width, 3 * width)
-        self.head = nn.Linear(width, VOCAB)
+        self.head = nn.Linear(width, vocab)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids.long()) + self.position(position_ids.clamp(max=1023))
@@ -67,7 +67,8 @@ class TinyLM(nn.Module):
         # a new document part begins where position_ids is 0
         parts = torch.cumsum(position_ids == 0, dim=1)
         same = parts[:, :, None] == parts[:, None, :]
-        causal = torch.ones(SEQ_LEN, SEQ_LEN, dtype=torch.bool).tril()
+        size = input_ids.shape[1]
+        causal = torch.ones(size, size, dtype=torch.bool).tril()
         x = x + F.scaled_dot_product_attention(q, k, v, attn_mask=same & causal)
         return self.head(x)
 

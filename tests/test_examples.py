@@ -100,6 +100,15 @@ def test_train_tiny_lm_on_packed_tokens(tmp_path: Path) -> None:
     assert "the same 39 batches, the same weights, 14858 tokens each trained on once" in line
 
 
+def test_train_from_text(tmp_path: Path) -> None:
+    """Text Parquet tokenized in 2 workers, packed, crashed, resumed, checked token for token."""
+    out = run_example("train_from_text.py", tmp_path, args=["--num-workers", "2"])
+    line = summary(out, "train_from_text")
+    assert "400 texts, 32 steps of 4 x 64 tokens; crashed at step 17, resumed from step 10" in line
+    assert "the same 22 batches, the same weights, 8014 tokens each trained on once" in line
+    assert "another tokenizer refused" in line
+
+
 @pytest.mark.ddp
 def test_ddp_packed(tmp_path: Path) -> None:
     line = summary(run_example("ddp_packed.py", tmp_path, ranks=2), "ddp_packed")

@@ -1,0 +1,162 @@
+"""Train a tiny language model straight from text Parquet: tokenized in the loader, packed,
+crashed, resumed to the token.
+
+The data: Parquet files with a ``text`` column (generated here, multi-byte UTF-8 included),
+as FineWeb ships. A byte-level BPE tokenizer is trained on them in a fraction of a second
+(a real run loads its own: ``Tokenizer.from_file``). ``Tokenize`` turns every row's text into
+``tokens(text) + [EOS]`` inside the loader; ``TokenPacking`` packs them into sequences of
+``SEQ_LEN`` tokens. No offline tokenization pass, and no token buffer in the checkpoint: the
+state records each stream's row and the tokens of it delivered, with the tokenizer's
+fingerprint.
+
+The run checkpoints (model, optimizer, ``dataset.state_dict()``) every ``--every`` steps, is
+"killed" after ``--crash-at`` steps, and resumes from its last checkpoint in a fresh loader.
+It checks that the resumed run trains on exactly the batches the uninterrupted run did from
+there, ends with the same weights, and that every token of every text (each tokenized alone,
+then EOS) was trained on once. A resume under another tokenizer is refused.
+
+    python examples/train_from_text.py [--workdir DIR] [--num-workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from train_tiny_lm import TinyLM, loss_of
+
+from torch_dataloader_utils import (
+    CheckpointMismatchError,
+    StructuredDataset,
+    Tokenize,
+    TokenPacking,
+)
+
+VOCAB, SEQ_LEN, SEQUENCES = 400, 64, 4
+WORDS = (
+    "the", "a", "data", "loader", "resumes", "every", "token", "once",
+    "café", "naïve", "東京", "straße", "ω", "λόγος",
+)  # fmt: skip
+
+
+def write_texts(directory: Path, files: int = 4, rows: int = 100) -> list[str]:
+    """Parquet files of texts of 0-40 words; returns the texts in storage order."""
+    directory.mkdir(parents=True, exist_ok=True)
+    texts = []
+    for number in range(files):
+        rng = np.random.default_rng(number)
+        part = [" ".join(rng.choice(WORDS, rng.integers(0, 40))) for _ in range(rows)]
+        pq.write_table(pa.table({"text": part}), directory / f"texts-{number}.parquet",
+                       row_group_size=20)  # fmt: skip
+        texts += part
+    return texts
+
+
+def train_tokenizer(texts: list[str]) -> Tokenizer:
+    """A byte-level BPE of ``VOCAB`` ids; id 0 is ``<eos>``."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=["<eos>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
+
+
+def loader_of(data: Path, tokenize: Tokenize, num_workers: int) -> tuple[Any, Any]:
+    return StructuredDataset.create_dataloader(
+        str(data), batch_size=SEQUENCES, num_workers=num_workers, shuffle=True,
+        tokenize=tokenize, packing=TokenPacking("input_ids", seq_len=SEQ_LEN),
+    )  # fmt: skip
+
+
+def train(
+    data: Path, workdir: Path, tokenize: Tokenize, *, num_workers: int, steps: int | None,
+    every: int, resume: bool,
+) -> tuple[torch.nn.Module, list[torch.Tensor]]:  # fmt: skip
+    """Train from scratch or from the last checkpoint for ``steps`` (None: to the epoch's end);
+    returns the model and the real tokens of every batch trained on."""
+    torch.manual_seed(0)
+    model = TinyLM(vocab=VOCAB)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    loader, dataset = loader_of(data, tokenize, num_workers)
+    checkpoint = workdir / "checkpoint.pt"
+    step = 0
+    if resume:
+        saved = torch.load(checkpoint, weights_only=True)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        dataset.load_state_dict(saved["data"])  # continues at the exact token
+        step = saved["step"]
+    seen = []
+    for batch in loader:
+        optimizer.zero_grad()
+        loss_of(model, batch).backward()
+        optimizer.step()
+        seen.append(batch["input_ids"].flatten()[: batch["num_tokens"]].clone())
+        step += 1
+        if step % every == 0:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "data": dataset.state_dict(), "step": step}  # fmt: skip
+            torch.save(state, workdir / "checkpoint.tmp")
+            (workdir / "checkpoint.tmp").replace(checkpoint)
+        if steps is not None and step >= steps:
+            break  # the "crash": everything after the last checkpoint is lost
+    return model, seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.mkdtemp()))
+    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
+    parser.add_argument("--crash-at", type=int, default=17)
+    args = parser.parse_args()
+    data = args.workdir / "data"
+    texts = write_texts(data)
+    tokenizer = train_tokenizer(texts)
+    eos = tokenizer.token_to_id("<eos>")
+    tokenize = Tokenize("text", tokenizer, eos_id=eos)
+    options = {"num_workers": args.num_workers, "every": args.every}
+
+    reference, uninterrupted = train(data, args.workdir, tokenize, steps=None, resume=False,
+                                     **options)  # fmt: skip
+    _, before = train(data, args.workdir, tokenize, steps=args.crash_at, resume=False, **options)
+    resumed, after = train(data, args.workdir, tokenize, steps=None, resume=True, **options)
+
+    saved = args.crash_at // args.every * args.every
+    assert len(saved_part := uninterrupted[saved:]) == len(after)
+    assert all(torch.equal(a, b) for a, b in zip(saved_part, after, strict=True))
+    weights = zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in weights)
+    alone = [[*tokenizer.encode(t, add_special_tokens=False).ids, eos] for t in texts]
+    expected = Counter(token for ids in alone for token in ids)
+    trained = Counter(torch.cat(before[:saved] + after).tolist())
+    assert trained == expected, "every token of every text, once"
+    other = Tokenize("text", train_tokenizer(texts[:30]), eos_id=eos)  # another vocabulary
+    try:
+        loader_of(data, other, args.num_workers)[1].load_state_dict(torch.load(
+            args.workdir / "checkpoint.pt", weights_only=True)["data"])  # fmt: skip
+        raise AssertionError("a resume under another tokenizer must be refused")
+    except CheckpointMismatchError as exc:
+        assert exc.field == "tokenizer"
+    print(
+        f"train_from_text: {len(texts)} texts, {len(uninterrupted)} steps of {SEQUENCES} x "
+        f"{SEQ_LEN} tokens; crashed at step {args.crash_at}, resumed from step {saved}: the "
+        f"same {len(after)} batches, the same weights, {expected.total()} tokens each trained "
+        f"on once; another tokenizer refused"
+    )
+
+
+if __name__ == "__main__":
+    main()
