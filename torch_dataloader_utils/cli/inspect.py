@@ -1,6 +1,6 @@
 """``inspect CHECKPOINT``: epoch, settings and progress per rank/worker of a saved state.
 
-A mixture's state is reported by ``_mix_inspect``.
+A mixture's state is reported by ``mix_inspect``.
 
 Without the files it reports what the state itself says: epoch, settings, for each worker
 stream the rows of its share handed out and the split it is in, and the deals of the epoch

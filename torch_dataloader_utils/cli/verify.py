@@ -1,6 +1,6 @@
 """``verify CHECKPOINT PATH``: whether the checkpoint resumes cleanly against the files now.
 
-A mixture's checkpoint (``verify CHECKPOINT [--source NAME=PATH ...]``): ``_mix_verify``.
+A mixture's checkpoint (``verify CHECKPOINT [--source NAME=PATH ...]``): ``mix_verify``.
 
 It runs what ``load_state_dict`` and the first iteration check — the state's schema, files and
 fingerprints, settings, the position of every worker stream — for every rank's state (each with

@@ -1,7 +1,7 @@
 """Arrow IPC file format (Feather v2): units are record batches.
 
 The IPC footer locates batches but not their row counts, so indexing reads the footer and each
-batch's message header (not its body, and nothing is decoded; see ``_ipc_footer``). The index
+batch's message header (not its body, and nothing is decoded; see ``ipc_footer``). The index
 keeps them: a split never reads the footer again, and a reader fetches of each batch only its
 header and the body buffers of the projected columns. Unit sizes are the batches' bytes on
 storage (header + body), like Parquet's compressed sizes.
