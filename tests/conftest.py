@@ -44,8 +44,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # One index cache for this test session, not the user's ~/.cache (tests may override it).
-    if "TDU_CACHE_DIR" not in os.environ:
+    # One index cache for this test process, not the user's ~/.cache (tests may override it);
+    # an xdist worker has its own, not the one it inherits from the controller.
+    if "TDU_CACHE_DIR" not in os.environ or "PYTEST_XDIST_WORKER" in os.environ:
         os.environ["TDU_CACHE_DIR"] = _SESSION_CACHE
     # The machine has 2 cores; 3 workers are still what the tests mean to run.
     config.addinivalue_line(
