@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import io
 import os
-import re
-import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _emulator import Emulator
 from _s3server import S3Env
 
 # Read by gcsfs when it is imported: no gRPC probe of the bucket type.
@@ -50,7 +48,6 @@ AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
-_STARTUP_SECONDS = 60
 _GCS_MAIN = """
 import sys, time
 from gcp_storage_emulator.server import create_server
@@ -128,59 +125,12 @@ BACKENDS = [
 ]
 
 
-class _Emulator:
-    """A server process; its endpoint read from the line it prints when it listens."""
-
-    def __init__(self, command: list[str], name: str) -> None:
-        self.name = name
-        self.process = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "NO_PROXY": "127.0.0.1,localhost"},
-        )
-        self.endpoint = self._wait()
-
-    def _wait(self) -> str:
-        found: list[str] = []
-        lines: list[str] = []
-
-        def read() -> None:
-            assert self.process.stdout is not None
-            for line in self.process.stdout:
-                lines.append(line)
-                match = re.search(r"listen\w* on (http://127\.0\.0\.1:\d+)", line)
-                if match and not found:
-                    found.append(match.group(1))
-
-        threading.Thread(target=read, daemon=True).start()  # also drains its output later
-        deadline = _STARTUP_SECONDS * 10
-        while not found and deadline and self.process.poll() is None:
-            threading.Event().wait(0.1)
-            deadline -= 1
-        if not found:
-            self.stop()
-            raise RuntimeError(f"{self.name} did not start: {''.join(lines)[-2000:]}")
-        return found[0]
-
-    def stop(self) -> None:
-        """Stop the process by its PID (terminate, then kill after 10 s)."""
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-
-
 @pytest.fixture(scope="session", name="gcs_emulator")
 def gcs_emulator_fixture() -> Iterator[str]:
     """``http://127.0.0.1:<port>`` of gcp-storage-emulator, in memory, for the session."""
     pytest.importorskip("gcsfs")
     pytest.importorskip("gcp_storage_emulator")
-    emulator = _Emulator([sys.executable, "-c", _GCS_MAIN], "gcp-storage-emulator")
+    emulator = Emulator([sys.executable, "-c", _GCS_MAIN], "gcp-storage-emulator")
     try:
         yield emulator.endpoint
     finally:
@@ -195,7 +145,7 @@ def azurite_fixture() -> Iterator[str]:
         pytest.skip(f"Azurite is not installed at {AZURITE}: run `make install`")
     command = [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", "0"]
     command += ["--inMemoryPersistence", "--skipApiVersionCheck", "--loose", "--silent"]
-    emulator = _Emulator([*command, "--disableTelemetry"], "Azurite")
+    emulator = Emulator([*command, "--disableTelemetry"], "Azurite")
     try:
         yield emulator.endpoint
     finally:
