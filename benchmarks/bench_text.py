@@ -28,7 +28,9 @@ imported; the training alone re-enables it): every tokenizer call runs on one th
   for the memory figure (each worker's peak RSS over its RSS at start, beside the budget plus a
   chunk of text and its tokens).
 
-Tokens/s counts the tokens of the corpus delivered (with the end-of-text ids). Then the first
+Tokens/s counts the tokens of the corpus delivered (with the end-of-text ids); tokens per CPU
+second (the main process's and each worker's, from ``/proc``) is the same work's cost whatever
+share of the cores it got. Then the first
 batch after a resume at 90 % of an epoch vs at 0 %, 0 workers, for ours (``state_dict`` /
 ``load_state_dict``; the resumed batch checked equal to the uninterrupted run's) and for the
 peer (``StatefulDataLoader.state_dict`` / ``load_state_dict``).
@@ -298,6 +300,23 @@ def ours(
     before batch ``capture`` and that batch."""
     peaks = Peaks(workers)
     loader, _ = ours_loader(data, tok, workers, worker_init_fn=peaks.init_fn(), **options)
+
+    def count(batch: dict[str, Any]) -> tuple[int, int]:
+        real = int(batch["num_tokens"])
+        return real, int(batch["input_ids"].view(-1)[:real].sum())
+
+    return epoch(loader, peaks, capture, count)
+
+
+def epoch(
+    loader: Any,
+    peaks: Peaks,
+    capture: int | None,
+    count: Callable[[dict[str, Any]], tuple[int, int]],
+) -> dict[str, Any]:
+    """Seconds, CPU seconds, tokens and sum of ids (``count`` of each batch), batches and peak
+    RSS of an epoch of ``loader``; with ``capture``, the state before batch ``capture`` and
+    that batch."""
     out: dict[str, Any] = {}
     tokens = total = batches = 0
     start, cpu = time.perf_counter(), time.process_time()
@@ -305,9 +324,9 @@ def ours(
         if batches == capture:
             out["state"] = loader.state_dict()
             out["batch"] = batch["input_ids"].clone()
-        real = int(batch["num_tokens"])
-        tokens += real
-        total += int(batch["input_ids"].view(-1)[:real].sum())
+        counted, summed = count(batch)
+        tokens += counted
+        total += summed
         batches += 1
         if batches % 16 == 1:
             peaks.poll()
@@ -361,20 +380,7 @@ def peer(
     """An epoch of the peer: tokens delivered (``seq_len + 1`` a sequence), batches, peak RSS."""
     peaks = Peaks(workers)
     loader = peer_loader(files, tok, workers, worker_init_fn=peaks.init_fn())
-    out: dict[str, Any] = {}
-    tokens = batches = 0
-    start, cpu = time.perf_counter(), time.process_time()
-    for batch in loader:
-        if batches == capture:
-            out["state"] = loader.state_dict()
-        tokens += len(batch["input_ids"]) * (SEQ_LEN + 1)
-        batches += 1
-        if batches % 16 == 1:
-            peaks.poll()
-    out["seconds"] = time.perf_counter() - start
-    out["cpu"] = {"main": time.process_time() - cpu, "workers": sorted(peaks.cpu.values())}
-    peaks.poll()
-    return out | {"tokens": tokens, "batches": batches, "peaks": peaks.result()}
+    return epoch(loader, peaks, capture, lambda batch: (len(batch["input_ids"]) * (SEQ_LEN + 1), 0))
 
 
 # ----------------------------------------------------------------------------- resume
@@ -495,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
             record(name, result)
             if "state" in result:
                 states["peer_90"] = result.pop("state")
+                del result["batch"]
         result = ours(args.data, tok, 2, shuffle=True, shuffle_memory_bytes=budget)
         check("ours w2 shuffled", result)
         record("ours w2 shuffled", result)
