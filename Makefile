@@ -50,7 +50,7 @@ lint: $(STAMP)
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,hf,lightning,bench]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,s3,hf,lightning,bench,text]"
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
@@ -63,6 +63,7 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_mixing.py --json bench_output/mixing.json
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_stall.py --plot bench_output/stall.png
 	$(PY) benchmarks/bench_stats.py --json bench_output/stats.json
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_text.py --json bench_output/text.json
 
 DOCS_STAMP := $(VENV)/.installed-docs
 

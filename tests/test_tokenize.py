@@ -185,6 +185,27 @@ def test_a_tokenizer_that_raises_names_the_row_and_the_tokenizer() -> None:
         tokens_of(["good", "bad", "good"], Tokenize("text", picky, name="picky"))
 
 
+def test_a_chunk_is_tokenized_in_calls_of_bounded_text() -> None:
+    """A tokenizer's objects for a text take ~12 times its size: a chunk of a few MiB is
+    tokenized a few hundred KiB at a time, the rows' tokens in order; a failing row is named by
+    its row in the chunk, whichever call it is in."""
+    calls: list[int] = []
+
+    def lengths(texts: list[str]) -> list[list[int]]:
+        if "bad" in texts:
+            raise RuntimeError("cannot tokenize that")
+        calls.append(sum(map(len, texts)))
+        return [[len(t), i] for i, t in enumerate(texts)]
+
+    texts = [str(row % 10) * (1000 + row) for row in range(600)]  # 900 KB of text
+    got = tokens_of(texts, Tokenize("text", lengths, name="lengths"))
+    assert [ids[0] for ids in got] == [1000 + row for row in range(600)]
+    assert len(calls) >= 6 and max(calls) <= 2**17 + 1600 and sum(calls) == sum(map(len, texts))
+    texts[450] = "bad"
+    with pytest.raises(DataSourceError, match=r"row 450: tokenizer lengths raised RuntimeError"):
+        tokens_of(texts, Tokenize("text", lengths, name="lengths"))
+
+
 @pytest.mark.parametrize("bad", [-1, 2**31])
 def test_ids_outside_int32_are_an_error(bad: int) -> None:
     def encode(texts: list[str]) -> list[list[int]]:

@@ -1,6 +1,8 @@
 """Text to tokens, a chunk at a time: ``Tokenize``'s text column becomes its token column.
 
-One batched call of the tokenizer per chunk; the ids are laid out with numpy (``bos_id`` and
+Batched calls of the tokenizer, each on about ``_ENCODE_CHARS`` of a chunk's text (a tokenizer's
+own objects for a text take ~12 times its size: a 4 MiB chunk in one call would peak at ~45 MiB);
+each call's ids go to numpy at once. The ids are laid out with numpy (``bos_id`` and
 ``eos_id`` inserted, every id checked to fit ``int32``), never per token in Python. A row's
 tokens depend on its text alone, so a resume that tokenizes a chunk again makes the same ones.
 
@@ -13,7 +15,7 @@ null document is for packing: a row is never dropped or made up in silence.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +25,9 @@ from ..base.errors import DataSourceError
 from ..planning.text import MAX_TOKEN_ID, Encoder, Tokenize
 
 __all__ = ["tokenize_chunk"]
+
+# Characters of text per call of the tokenizer: a few hundred rows, calls' overhead negligible.
+_ENCODE_CHARS = 2**17
 
 # Rows are named by ``describe(row)``: the file, unit and row of the chunk's row ``row``.
 Describe = Callable[[int], str]
@@ -35,21 +40,43 @@ def tokenize_chunk(
     (``list<int32>``, at the text column's place)."""
     column = chunk.column(tokenize.column)
     texts = _texts(column, tokenize, describe)
-    try:
-        ids = encode(texts)
-    except Exception as exc:  # a tokenizer may raise anything: name the row it failed on
-        raise DataSourceError(
-            f"{_failing_row(texts, encode, describe)}: tokenizer {tokenize.label} raised "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    if len(ids) != len(texts):
-        raise DataSourceError(
-            f"{describe(0)}: tokenizer {tokenize.label} returned {len(ids)} token lists for "
-            f"{len(texts)} texts; a tokenizer must return one list per text"
-        )
-    tokens = _token_lists(ids, tokenize, describe)
+    parts = [
+        _encoded(texts, int(start), int(stop), tokenize, encode, describe)
+        for start, stop in itertools.pairwise(_calls(texts))
+    ]
+    lengths, values = (np.concatenate(arrays) for arrays in zip(*parts, strict=True))
+    tokens = _token_lists(lengths, values, tokenize, describe)
     index = chunk.schema.get_field_index(tokenize.column)
     return chunk.set_column(index, tokenize.delivered(chunk.schema).field(index), tokens)
+
+
+def _calls(texts: list[str]) -> np.ndarray:
+    """Row bounds of the tokenizer's calls: a call per ``_ENCODE_CHARS`` of text begun."""
+    sizes = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    call = (np.cumsum(sizes) - sizes) // _ENCODE_CHARS
+    return np.concatenate(([0], np.flatnonzero(np.diff(call)) + 1, [len(texts)]))
+
+
+def _encoded(
+    texts: list[str], start: int, stop: int, tokenize: Tokenize, encode: Encoder, describe: Describe
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token counts and ids (``int64``) of ``texts[start:stop]``, by one call of the tokenizer."""
+    part = texts[start:stop]
+    try:
+        ids = encode(part)
+    except Exception as exc:  # a tokenizer may raise anything: name the row it failed on
+        raise DataSourceError(
+            f"{_failing_row(part, encode, lambda row: describe(start + row))}: tokenizer "
+            f"{tokenize.label} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if len(ids) != len(part):
+        raise DataSourceError(
+            f"{describe(start)}: tokenizer {tokenize.label} returned {len(ids)} token lists for "
+            f"{len(part)} texts; a tokenizer must return one list per text"
+        )
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    values = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=lengths.sum())
+    return lengths, values
 
 
 def _texts(column: pa.Array, tokenize: Tokenize, describe: Describe) -> list[str]:
@@ -92,10 +119,11 @@ def _failing_row(texts: list[str], encode: Encoder, describe: Describe) -> str:
     return describe(0)
 
 
-def _token_lists(ids: Sequence[Sequence[int]], tokenize: Tokenize, describe: Describe) -> pa.Array:
-    """``ids`` with ``bos_id`` / ``eos_id`` around each row, as ``list<int32>``."""
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    values = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=lengths.sum())
+def _token_lists(
+    lengths: np.ndarray, values: np.ndarray, tokenize: Tokenize, describe: Describe
+) -> pa.Array:
+    """Rows of ``lengths`` ids of ``values``, with ``bos_id`` / ``eos_id`` around each, as
+    ``list<int32>``."""
     if len(values) and (values.min() < 0 or values.max() > MAX_TOKEN_ID):
         bad = int(np.flatnonzero((values < 0) | (values > MAX_TOKEN_ID))[0])
         row = int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
