@@ -55,6 +55,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from torch_dataloader_utils import DataLoaderUtilsError, StructuredDataset, TokenPacking
+from torch_dataloader_utils.api.states import start_state
 
 EXAMPLES = int(os.environ.get("TDU_MIXLIFE_EXAMPLES", "12"))
 STEPS = int(os.environ.get("TDU_MIXLIFE_STEPS", "15"))
@@ -215,7 +216,8 @@ class MixtureLife(RuleBasedStateMachine):
     def _start_state(self, rank: int) -> dict[str, Any]:
         """The state of where rank ``rank``'s next iteration starts."""
         dataset = self.jobs[rank][1]
-        return json_round_trip(dataset._start_state(dataset._next_start))
+        start = dataset._next_start
+        return json_round_trip(start_state(dataset._epochs, start, dataset._known_workers()))
 
     def _new_windows(self, bound: int) -> None:
         for rank in range(self.shape.world):
