@@ -9,8 +9,9 @@ as FineWeb ships. A byte-level BPE tokenizer is trained on them in a fraction of
 state records each stream's row and the tokens of it delivered, with the tokenizer's
 fingerprint.
 
-The run checkpoints (model, optimizer, ``dataset.state_dict()``) every ``--every`` steps, is
-"killed" after ``--crash-at`` steps, and resumes from its last checkpoint in a fresh loader.
+The run (``train_tiny_lm.train``: the same model and loop as for pre-tokenized data)
+checkpoints (model, optimizer, ``dataset.state_dict()``) every ``--every`` steps, is "killed"
+after ``--crash-at`` steps, and resumes from its last checkpoint in a fresh loader.
 It checks that the resumed run trains on exactly the batches the uninterrupted run did from
 there, ends with the same weights, and that every token of every text (each tokenized alone,
 then EOS) was trained on once. A resume under another tokenizer is refused.
@@ -31,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from train_tiny_lm import TinyLM, loss_of
+from train_tiny_lm import train
 
 from torch_dataloader_utils import (
     CheckpointMismatchError,
@@ -73,46 +74,11 @@ def train_tokenizer(texts: list[str]) -> Tokenizer:
     return tokenizer
 
 
-def loader_of(data: Path, tokenize: Tokenize, num_workers: int) -> tuple[Any, Any]:
+def loader_of(data: Path, tokenize: Tokenize, num_workers: int) -> tuple[Any, StructuredDataset]:
     return StructuredDataset.create_dataloader(
         str(data), batch_size=SEQUENCES, num_workers=num_workers, shuffle=True,
         tokenize=tokenize, packing=TokenPacking("input_ids", seq_len=SEQ_LEN),
     )  # fmt: skip
-
-
-def train(
-    data: Path, workdir: Path, tokenize: Tokenize, *, num_workers: int, steps: int | None,
-    every: int, resume: bool,
-) -> tuple[torch.nn.Module, list[torch.Tensor]]:  # fmt: skip
-    """Train from scratch or from the last checkpoint for ``steps`` (None: to the epoch's end);
-    returns the model and the real tokens of every batch trained on."""
-    torch.manual_seed(0)
-    model = TinyLM(vocab=VOCAB)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loader, dataset = loader_of(data, tokenize, num_workers)
-    checkpoint = workdir / "checkpoint.pt"
-    step = 0
-    if resume:
-        saved = torch.load(checkpoint, weights_only=True)
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        dataset.load_state_dict(saved["data"])  # continues at the exact token
-        step = saved["step"]
-    seen = []
-    for batch in loader:
-        optimizer.zero_grad()
-        loss_of(model, batch).backward()
-        optimizer.step()
-        seen.append(batch["input_ids"].flatten()[: batch["num_tokens"]].clone())
-        step += 1
-        if step % every == 0:
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "data": dataset.state_dict(), "step": step}  # fmt: skip
-            torch.save(state, workdir / "checkpoint.tmp")
-            (workdir / "checkpoint.tmp").replace(checkpoint)
-        if steps is not None and step >= steps:
-            break  # the "crash": everything after the last checkpoint is lost
-    return model, seen
 
 
 def main() -> None:
@@ -127,12 +93,15 @@ def main() -> None:
     tokenizer = train_tokenizer(texts)
     eos = tokenizer.token_to_id("<eos>")
     tokenize = Tokenize("text", tokenizer, eos_id=eos)
-    options = {"num_workers": args.num_workers, "every": args.every}
 
-    reference, uninterrupted = train(data, args.workdir, tokenize, steps=None, resume=False,
+    def make_loader() -> tuple[Any, StructuredDataset]:
+        return loader_of(data, tokenize, args.num_workers)
+
+    options = {"vocab": VOCAB, "every": args.every}
+    reference, uninterrupted = train(make_loader, args.workdir, steps=None, resume=False,
                                      **options)  # fmt: skip
-    _, before = train(data, args.workdir, tokenize, steps=args.crash_at, resume=False, **options)
-    resumed, after = train(data, args.workdir, tokenize, steps=None, resume=True, **options)
+    _, before = train(make_loader, args.workdir, steps=args.crash_at, resume=False, **options)
+    resumed, after = train(make_loader, args.workdir, steps=None, resume=True, **options)
 
     saved = args.crash_at // args.every * args.every
     assert len(saved_part := uninterrupted[saved:]) == len(after)

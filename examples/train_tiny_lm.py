@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,18 +84,16 @@ def loss_of(model: TinyLM, batch: dict[str, Any]) -> torch.Tensor:
 
 
 def train(
-    data: Path, workdir: Path, *, num_workers: int, steps: int | None, every: int,
-    resume: bool,
+    make_loader: Callable[[], tuple[Any, StructuredDataset]], workdir: Path, *, vocab: int = VOCAB,
+    steps: int | None, every: int, resume: bool,
 ) -> tuple[nn.Module, list[torch.Tensor]]:  # fmt: skip
-    """Train from scratch or from the last checkpoint for ``steps`` (None: to the epoch's end);
-    returns the model and the ``input_ids`` of every batch trained on."""
+    """Train from scratch or from the last checkpoint for ``steps`` (None: to the epoch's end)
+    on a loader ``make_loader()`` builds; returns the model and the real tokens of every batch
+    trained on."""
     torch.manual_seed(0)
-    model = TinyLM()
+    model = TinyLM(vocab=vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loader, dataset = StructuredDataset.create_dataloader(
-        str(data), batch_size=SEQUENCES, num_workers=num_workers, packing=PACKING,
-        shuffle=True, split_bytes=16 * 2**10,
-    )  # fmt: skip
+    loader, dataset = make_loader()
     checkpoint = workdir / "checkpoint.pt"
     step = 0
     if resume:
@@ -105,8 +103,7 @@ def train(
         dataset.load_state_dict(saved["data"])  # continues at the exact token
         step = saved["step"]
     seen = []
-    batches: Iterator[dict[str, Any]] = iter(loader)
-    for batch in batches:
+    for batch in loader:
         optimizer.zero_grad()
         loss_of(model, batch).backward()
         optimizer.step()
@@ -122,6 +119,14 @@ def train(
     return model, seen
 
 
+def packed_loader(data: Path, num_workers: int) -> tuple[Any, StructuredDataset]:
+    """The tokenized documents of ``data``, shuffled and packed."""
+    return StructuredDataset.create_dataloader(
+        str(data), batch_size=SEQUENCES, num_workers=num_workers, packing=PACKING,
+        shuffle=True, split_bytes=16 * 2**10,
+    )  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.mkdtemp()))
@@ -131,11 +136,15 @@ def main() -> None:
     args = parser.parse_args()
     data = args.workdir / "data"
     total = write_documents(data)
-    options = {"num_workers": args.num_workers, "every": args.every}
 
-    reference, uninterrupted = train(data, args.workdir, steps=None, resume=False, **options)
-    _, before = train(data, args.workdir, steps=args.crash_at, resume=False, **options)
-    resumed, after = train(data, args.workdir, steps=None, resume=True, **options)
+    def make_loader() -> tuple[Any, StructuredDataset]:
+        return packed_loader(data, args.num_workers)
+
+    reference, uninterrupted = train(make_loader, args.workdir, steps=None, resume=False,
+                                     every=args.every)  # fmt: skip
+    _, before = train(make_loader, args.workdir, steps=args.crash_at, resume=False,
+                      every=args.every)  # fmt: skip
+    resumed, after = train(make_loader, args.workdir, steps=None, resume=True, every=args.every)
 
     saved = args.crash_at // args.every * args.every
     assert len(saved_part := uninterrupted[saved:]) == len(after)
