@@ -26,7 +26,7 @@ from torch_dataloader_utils import (
     Tokenize,
     TokenPacking,
 )
-from torch_dataloader_utils.reading.tokenizing import tokenize_chunk
+from torch_dataloader_utils.reading.tokenizing import tokenized
 
 CORPUS = [f"row {i}: the café serves crème brûlée, 東京 {i * 7} ünïcode" for i in range(400)]
 
@@ -58,11 +58,18 @@ STRING = pa.string()
 
 
 def tokens_of(texts: list[Any], tokenize: Tokenize, kind: pa.DataType = STRING) -> list:
+    """A chunk's tokens, its slices (one per call of the tokenizer) joined; each slice holds
+    the chunk's rows up to the end it names, ids unchanged."""
     chunk = pa.record_batch({"id": list(range(len(texts))), "text": pa.array(texts, kind)})
-    out = tokenize_chunk(chunk, tokenize, tokenize.encoder(), where)
-    assert out.schema.names == ["id", tokenize.output]
-    assert out.schema.field(tokenize.output).type == pa.list_(pa.int32())
-    return out.column(tokenize.output).to_pylist()
+    slices = list(tokenized(chunk, tokenize, tokenize.encoder(), where))
+    ends = [end for _, end in slices]
+    assert ends == sorted(ends) and ends[-1] == len(texts)
+    ids = [i for part, _ in slices for i in part.column("id").to_pylist()]
+    assert ids == list(range(len(texts)))
+    for part, _ in slices:
+        assert part.schema.names == ["id", tokenize.output]
+        assert part.schema.field(tokenize.output).type == pa.list_(pa.int32())
+    return [row for part, _ in slices for row in part.column(tokenize.output).to_pylist()]
 
 
 def reference(bpe: Tokenizer, texts: list[str], bos: int | None, eos: int | None) -> list:
@@ -201,6 +208,10 @@ def test_a_chunk_is_tokenized_in_calls_of_bounded_text() -> None:
     got = tokens_of(texts, Tokenize("text", lengths, name="lengths"))
     assert [ids[0] for ids in got] == [1000 + row for row in range(600)]
     assert len(calls) >= 6 and max(calls) <= 2**17 + 1600 and sum(calls) == sum(map(len, texts))
+    chunk = pa.record_batch({"text": texts})
+    slices = tokenized(chunk, Tokenize("text", lengths, name="l"), lengths, where)
+    first, end = next(slices)  # tokens after the first call, not after the whole chunk
+    assert first.num_rows == end < 600 and len(calls) == 7 and len(list(slices)) == 5
     texts[450] = "bad"
     with pytest.raises(DataSourceError, match=r"row 450: tokenizer lengths raised RuntimeError"):
         tokens_of(texts, Tokenize("text", lengths, name="lengths"))

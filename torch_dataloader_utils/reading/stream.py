@@ -35,7 +35,7 @@ from .pieces import Opener, piece_chunks, piece_read
 from .prefetch import prefetch
 from .runs import Chunk, Run, cut_runs
 from .shuffled import shuffled_chunks
-from .tokenizing import tokenize_chunk
+from .tokenizing import tokenized
 from .window import Rows
 
 __all__ = ["ChunkSource", "SourceFiles", "StreamSource", "chunk_rows", "read_stream"]
@@ -125,7 +125,7 @@ class StreamSource:
     def _tokenized(
         self, chunks: Iterator[tuple[pa.RecordBatch, int]], tokenize: Tokenize
     ) -> Iterator[tuple[Chunk, int]]:
-        """``chunks`` with their text tokenized (one call of the tokenizer per chunk)."""
+        """``chunks`` with their text tokenized, cut where the tokenizer's calls end."""
         encode = tokenize.encoder()
         try:
             for chunk, position in chunks:
@@ -134,7 +134,8 @@ class StreamSource:
                 def describe(row: int, first: int = first) -> str:
                     return self.describe_row(first + row)
 
-                yield tokenize_chunk(chunk, tokenize, encode, describe), position
+                for part, rows in tokenized(chunk, tokenize, encode, describe):
+                    yield part, first + rows
         finally:
             chunks.close()  # type: ignore[attr-defined]
 

@@ -2,7 +2,8 @@
 
 Batched calls of the tokenizer, each on about ``_ENCODE_CHARS`` of a chunk's text (a tokenizer's
 own objects for a text take ~12 times its size: a 4 MiB chunk in one call would peak at ~45 MiB);
-each call's ids go to numpy at once. The ids are laid out with numpy (``bos_id`` and
+each call's ids go to numpy at once and its rows go on as a slice of the chunk (the first
+tokens are ready after one call). The ids are laid out with numpy (``bos_id`` and
 ``eos_id`` inserted, every id checked to fit ``int32``), never per token in Python. A row's
 tokens depend on its text alone, so a resume that tokenizes a chunk again makes the same ones.
 
@@ -15,7 +16,7 @@ null document is for packing: a row is never dropped or made up in silence.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +25,7 @@ import pyarrow.types as pat
 from ..base.errors import DataSourceError
 from ..planning.text import MAX_TOKEN_ID, Encoder, Tokenize
 
-__all__ = ["tokenize_chunk"]
+__all__ = ["tokenized"]
 
 # Characters of text per call of the tokenizer: a few hundred rows, calls' overhead negligible.
 _ENCODE_CHARS = 2**17
@@ -33,21 +34,24 @@ _ENCODE_CHARS = 2**17
 Describe = Callable[[int], str]
 
 
-def tokenize_chunk(
+def tokenized(
     chunk: pa.RecordBatch, tokenize: Tokenize, encode: Encoder, describe: Describe
-) -> pa.RecordBatch:
-    """``chunk`` with its text column replaced by the token column ``tokenize.output``
-    (``list<int32>``, at the text column's place)."""
-    column = chunk.column(tokenize.column)
-    texts = _texts(column, tokenize, describe)
-    parts = [
-        _encoded(texts, int(start), int(stop), tokenize, encode, describe)
-        for start, stop in itertools.pairwise(_calls(texts))
-    ]
-    lengths, values = (np.concatenate(arrays) for arrays in zip(*parts, strict=True))
-    tokens = _token_lists(lengths, values, tokenize, describe)
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """``chunk``'s rows a slice per call of the tokenizer, each with its text column replaced
+    by the token column ``tokenize.output`` (``list<int32>``, at the text column's place), and
+    the chunk's rows up to the slice's end: a consumer has its first tokens after one call, not
+    after the whole chunk."""
+    texts = _texts(chunk.column(tokenize.column), tokenize, describe)
     index = chunk.schema.get_field_index(tokenize.column)
-    return chunk.set_column(index, tokenize.delivered(chunk.schema).field(index), tokens)
+    field = tokenize.delivered(chunk.schema).field(index)
+    for start, stop in itertools.pairwise(_calls(texts).tolist()):
+        lengths, values = _encoded(texts, start, stop, tokenize, encode, describe)
+
+        def named(row: int, start: int = start) -> str:
+            return describe(start + row)
+
+        tokens = _token_lists(lengths, values, tokenize, named)
+        yield chunk.slice(start, stop - start).set_column(index, field, tokens), stop
 
 
 def _calls(texts: list[str]) -> np.ndarray:
