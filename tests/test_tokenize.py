@@ -320,6 +320,29 @@ def test_resume_continues_token_for_token(
     assert head + sequences(resumed) == full
 
 
+def test_a_training_scripts_sequence_over_epochs(bpe: Tokenizer, text_dir: Path) -> None:
+    """Break out of epoch 0 and iterate again (epoch 0 from its start), move to epoch 1 (another
+    order), checkpoint mid-way, resume in a new loader: every step as the uninterrupted runs."""
+    tokenize = Tokenize("text", bpe, eos_id=1)
+    loader = loader_of(text_dir, tokenize, shuffle=True, num_workers=2)
+    epoch0 = sequences(loader_of(text_dir, tokenize, shuffle=True, num_workers=2))
+    for _ in zip(range(4), loader, strict=False):
+        pass  # the loop breaks
+    assert sequences(loader) == epoch0
+    loader.dataset.set_epoch(1)
+    it = iter(loader)
+    head = [row for _, b in zip(range(6), it, strict=False) for row in b["input_ids"].tolist()]
+    state = loader.state_dict()
+    del it
+    fresh = loader_of(text_dir, tokenize, shuffle=True, num_workers=2)
+    fresh.dataset.set_epoch(1)
+    epoch1 = sequences(fresh)
+    assert epoch1 != epoch0 and real_tokens(fresh) == real_tokens(loader)
+    resumed = loader_of(text_dir, tokenize, shuffle=True, num_workers=2)
+    resumed.load_state_dict(state)
+    assert head + sequences(resumed) == epoch1
+
+
 def test_workers_tokenize_and_resume_exactly(bpe: Tokenizer, text_dir: Path) -> None:
     tokenize = Tokenize("text", bpe, eos_id=1)
     full = sequences(loader_of(text_dir, tokenize, shuffle=True, num_workers=2))

@@ -1,6 +1,6 @@
 """Text to tokens, a chunk at a time: ``Tokenize``'s text column becomes its token column.
 
-Batched calls of the tokenizer, each on about ``_ENCODE_CHARS`` of a chunk's text (a tokenizer's
+Batched calls of the tokenizer, each on about ``_ENCODE_BYTES`` of a chunk's text (a tokenizer's
 own objects for a text take ~12 times its size: a 4 MiB chunk in one call would peak at ~45 MiB);
 each call's ids go to numpy at once and its rows go on as a slice of the chunk (the first
 tokens are ready after one call). The ids are laid out with numpy (``bos_id`` and
@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.types as pat
 
 from ..base.errors import DataSourceError
@@ -27,8 +28,8 @@ from ..planning.text import MAX_TOKEN_ID, Encoder, Tokenize
 
 __all__ = ["tokenized"]
 
-# Characters of text per call of the tokenizer: a few hundred rows, calls' overhead negligible.
-_ENCODE_CHARS = 2**17
+# Bytes of text per call of the tokenizer: a few hundred rows, calls' overhead negligible.
+_ENCODE_BYTES = 2**17
 
 # Rows are named by ``describe(row)``: the file, unit and row of the chunk's row ``row``.
 Describe = Callable[[int], str]
@@ -41,11 +42,12 @@ def tokenized(
     by the token column ``tokenize.output`` (``list<int32>``, at the text column's place), and
     the chunk's rows up to the slice's end: a consumer has its first tokens after one call, not
     after the whole chunk."""
-    texts = _texts(chunk.column(tokenize.column), tokenize, describe)
+    column = _texts(chunk.column(tokenize.column), tokenize, describe)
     index = chunk.schema.get_field_index(tokenize.column)
     field = tokenize.delivered(chunk.schema).field(index)
-    for start, stop in itertools.pairwise(_calls(texts).tolist()):
-        lengths, values = _encoded(texts, start, stop, tokenize, encode, describe)
+    for start, stop in itertools.pairwise(_calls(column).tolist()):
+        texts = column.slice(start, stop - start).to_pylist()  # one call's texts at a time
+        lengths, values = _encoded(texts, start, tokenize, encode, describe)
 
         def named(row: int, start: int = start) -> str:
             return describe(start + row)
@@ -54,18 +56,19 @@ def tokenized(
         yield chunk.slice(start, stop - start).set_column(index, field, tokens), stop
 
 
-def _calls(texts: list[str]) -> np.ndarray:
-    """Row bounds of the tokenizer's calls: a call per ``_ENCODE_CHARS`` of text begun."""
-    sizes = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-    call = (np.cumsum(sizes) - sizes) // _ENCODE_CHARS
-    return np.concatenate(([0], np.flatnonzero(np.diff(call)) + 1, [len(texts)]))
+def _calls(column: pa.Array) -> np.ndarray:
+    """Row bounds of the tokenizer's calls: a call per ``_ENCODE_BYTES`` of text begun (the
+    texts' UTF-8 sizes, from Arrow's offsets)."""
+    sizes = pc.binary_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+    call = (np.cumsum(sizes) - sizes) // _ENCODE_BYTES
+    return np.concatenate(([0], np.flatnonzero(np.diff(call)) + 1, [len(column)]))
 
 
 def _encoded(
-    texts: list[str], start: int, stop: int, tokenize: Tokenize, encode: Encoder, describe: Describe
+    part: list[str], start: int, tokenize: Tokenize, encode: Encoder, describe: Describe
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Token counts and ids (``int64``) of ``texts[start:stop]``, by one call of the tokenizer."""
-    part = texts[start:stop]
+    """Token counts and ids (``int64``) of ``part``, the chunk's texts from row ``start``, by
+    one call of the tokenizer."""
     try:
         ids = encode(part)
     except Exception as exc:  # a tokenizer may raise anything: name the row it failed on
@@ -83,14 +86,17 @@ def _encoded(
     return lengths, values
 
 
-def _texts(column: pa.Array, tokenize: Tokenize, describe: Describe) -> list[str]:
-    """The column's texts as Python strings; a null or invalid UTF-8 is an error naming it."""
+def _texts(column: pa.Array, tokenize: Tokenize, describe: Describe) -> pa.Array:
+    """The column as Arrow text (binary checked to be UTF-8); a null or invalid UTF-8 is an
+    error naming its row."""
     if column.null_count:
         row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
         raise DataSourceError(
             f"{describe(row)}: column {tokenize.column!r} is null; a null text has no tokens "
             f"(fill it, e.g. with an empty text, or filter such rows out of the files)"
         )
+    if column.type == pa.string_view():  # Arrow's kernels (sizes, slices) take offsets
+        return column.cast(pa.large_string())
     if pat.is_binary(column.type) or pat.is_large_binary(column.type):
         try:
             column = column.cast(pa.large_string())
@@ -100,7 +106,7 @@ def _texts(column: pa.Array, tokenize: Tokenize, describe: Describe) -> list[str
                 f"{describe(row)}: column {tokenize.column!r} ({column.type}) is not valid "
                 f"UTF-8 text"
             ) from None
-    return column.to_pylist()  # type: ignore[no-any-return]
+    return column
 
 
 def _first_invalid_utf8(column: pa.Array) -> int:
@@ -143,9 +149,8 @@ def _token_lists(
     if tokenize.eos_id is not None:
         values = np.insert(values, starts + lengths, tokenize.eos_id)
         lengths = lengths + 1
+    # one call's tokens: far below int32 offsets' 2**31
     offsets = np.concatenate(([0], np.cumsum(lengths)))
-    if offsets[-1] > MAX_TOKEN_ID:  # a chunk is a few MiB of text: never near
-        return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values.astype(np.int32)))
     return pa.ListArray.from_arrays(
         pa.array(offsets.astype(np.int32)), pa.array(values.astype(np.int32))
     )
