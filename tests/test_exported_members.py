@@ -23,6 +23,7 @@ def test_exports():
         "CheckpointMismatchError",
         "DataLoaderUtilsError",
         "DataSourceError",
+        "EpochStartError",
         "InvalidStateError",
         "LoaderStats",
         "LoopStats",
@@ -34,6 +35,7 @@ def test_exports():
         "TokenPacking",
         "Tokenize",
         "UnsendableBatchError",
+        "UnsendableSettingError",
     }
 
 
@@ -45,8 +47,11 @@ def test_errors_inherit_from_builtins():
     assert issubclass(t.DataSourceError, OSError)
     assert issubclass(t.UnsendableBatchError, TypeError)
     assert issubclass(t.LostBatchesError, RuntimeError)
+    assert issubclass(t.EpochStartError, ValueError)
+    assert issubclass(t.UnsendableSettingError, TypeError)
     for name in ("CheckpointMismatchError", "InvalidStateError", "SchemaMismatchError",
-                 "DataSourceError", "UnsendableBatchError", "LostBatchesError"):  # fmt: skip
+                 "DataSourceError", "UnsendableBatchError", "LostBatchesError",
+                 "EpochStartError", "UnsendableSettingError"):  # fmt: skip
         assert issubclass(getattr(t, name), t.DataLoaderUtilsError)
 
 

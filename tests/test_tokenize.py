@@ -5,6 +5,7 @@ bad rows are errors that name them. Tokenizers are trained here, in a fraction o
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from collections import Counter
 from pathlib import Path
@@ -26,6 +27,7 @@ from torch_dataloader_utils import (
     Tokenize,
     TokenPacking,
 )
+from torch_dataloader_utils.base.errors import UnsendableSettingError
 from torch_dataloader_utils.reading.tokenizing import tokenized
 
 CORPUS = [f"row {i}: the café serves crème brûlée, 東京 {i * 7} ünïcode" for i in range(400)]
@@ -484,3 +486,42 @@ def test_a_sources_text_column_needs_tokenize(text_dir: Path, content_dir: Path)
     sources = {"web": str(text_dir), "code": Source(path=str(content_dir), text_column="content")}
     with pytest.raises(ValueError, match="source 'code': text_column='content' names a text"):
         StructuredDataset.create_dataloader(sources, weights={"web": 1, "code": 1})
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_what_cannot_reach_spawned_workers_is_refused_when_the_loader_is_made(
+    text_dir: Path, method: str
+) -> None:
+    """A lambda cannot be pickled to workers that ``spawn`` or ``forkserver`` start: the loader
+    refuses it by name when it is made, not with pickle's error when an epoch begins."""
+    local = Tokenize("text", lambda texts: [[1] for _ in texts], name="ones")
+    with pytest.raises(UnsendableSettingError, match=rf"^Tokenize tokenizer .* by '{method}'"):
+        loader_of(text_dir, local, num_workers=1, multiprocessing_context=method)
+    with pytest.raises(UnsendableSettingError, match=r"^transform .*module's top level"):
+        StructuredDataset.create_dataloader(
+            str(text_dir), num_workers=2, multiprocessing_context=method, transform=lambda b: b
+        )
+    for fine in ({"num_workers": 0, "multiprocessing_context": None},
+                 {"num_workers": 1, "multiprocessing_context": "fork"}):  # fmt: skip
+        assert len(sequences(loader_of(text_dir, local, **fine))) > 0
+
+
+def parallelism(texts: list[str]) -> list[list[int]]:
+    """A token per text saying whether ``tokenizers`` may start a thread pool here (1: no)."""
+    return [[int(os.environ.get("TOKENIZERS_PARALLELISM") == "false")] for _ in texts]
+
+
+@pytest.mark.parametrize("users", [None, "true"])
+def test_workers_tokenize_on_one_thread_unless_the_user_says(
+    text_dir: Path, users: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each worker's tokenizer runs on one thread (a worker whose parent never used the pool
+    would start a thread per core); a TOKENIZERS_PARALLELISM the user set is kept."""
+    if users is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", users)
+    tokenize = Tokenize("text", parallelism, name="parallelism")
+    loader = loader_of(text_dir, tokenize, num_workers=2, multiprocessing_context="fork")
+    assert set(real_tokens(loader)) == {1 if users is None else 0}
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == users  # the training process's unchanged

@@ -7,10 +7,12 @@ from .base.errors import (
     CheckpointMismatchError,
     DataLoaderUtilsError,
     DataSourceError,
+    EpochStartError,
     InvalidStateError,
     LostBatchesError,
     SchemaMismatchError,
     UnsendableBatchError,
+    UnsendableSettingError,
 )
 from .mixing.source import Source
 from .planning.text import Tokenize
@@ -20,6 +22,7 @@ __all__ = [
     "CheckpointMismatchError",
     "DataLoaderUtilsError",
     "DataSourceError",
+    "EpochStartError",
     "InvalidStateError",
     "LoaderStats",
     "LoopStats",
@@ -31,6 +34,7 @@ __all__ = [
     "TokenPacking",
     "Tokenize",
     "UnsendableBatchError",
+    "UnsendableSettingError",
 ]
 
 __version__ = "0.1.0"

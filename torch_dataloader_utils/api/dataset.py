@@ -363,9 +363,11 @@ class StructuredDataset(ServedDataset):
 
     # ----------------------------------------------------------------- our loader's side
 
-    def _attach_loader(self, num_workers: int) -> None:
+    def _attach_loader(self, num_workers: int, start_method: str) -> None:
         """Our loader's ``num_workers`` (``len()`` and states count its streams); from now on
         only iterations it begins (``_iteration``) may read this dataset."""
+        if num_workers:
+            self._epochs.config.check_sendable(start_method)
         self._loader_workers = num_workers
 
     def _trainer_moves_epochs(self) -> None:

@@ -59,7 +59,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
         # DataLoader refuses a sampler for an IterableDataset and any later assignment
         object.__setattr__(self, "sampler", _EpochSampler(self))
-        dataset._attach_loader(self.num_workers)
+        dataset._attach_loader(self.num_workers, self._start_method())
         self._slots: SharedSlots | None = None
         self._handouts: HandOuts | None = None  # the current iteration's
         self._recorder = Recorder(self.num_workers)  # the current iteration's timings

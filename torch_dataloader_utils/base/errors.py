@@ -23,6 +23,7 @@ __all__ = [
     "LostBatchesError",
     "SchemaMismatchError",
     "UnsendableBatchError",
+    "UnsendableSettingError",
 ]
 
 
@@ -77,6 +78,11 @@ class DataSourceError(DataLoaderUtilsError, OSError):
 class UnsendableBatchError(DataLoaderUtilsError, TypeError):
     """A batch a DataLoader worker cannot pickle to the training process (an unpicklable
     column type under ``output="arrow"``, a transform returning a lambda or a generator)."""
+
+
+class UnsendableSettingError(DataLoaderUtilsError, TypeError):
+    """A setting the DataLoader workers need (``transform``, ``Tokenize``'s tokenizer) that
+    cannot be pickled to them under the ``spawn`` or ``forkserver`` start method."""
 
 
 class LostBatchesError(DataLoaderUtilsError, RuntimeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..base.args import whole
+from ..base.errors import UnsendableSettingError
 from ..base.row_bytes import converted_row_bytes
 from .text import Tokenize
 from .tokens import TokenPacking
@@ -87,6 +89,24 @@ class DatasetConfig:
         """The schema of what a stream delivers from files of ``schema`` (the columns read):
         tokenized text as its tokens."""
         return schema if self.tokenize is None else self.tokenize.delivered(schema)
+
+    def check_sendable(self, start_method: str) -> None:
+        """Raise unless what the workers call pickles: under ``spawn`` or ``forkserver`` the
+        DataLoader pickles the dataset to each worker (``fork`` copies it). Checked when the
+        loader is made, so a lambda fails there, by name, not in the middle of a job."""
+        if start_method == "fork":
+            return
+        tokenizer = None if self.tokenize is None else self.tokenize.tokenizer
+        for name, value in (("transform", self.transform), ("Tokenize tokenizer", tokenizer)):
+            try:
+                pickle.dumps(value)
+            except Exception as exc:
+                raise UnsendableSettingError(
+                    f"{name} {value!r:.80} cannot be pickled to the DataLoader workers, which "
+                    f"start by {start_method!r}: {type(exc).__name__}: {exc}. Define it at a "
+                    f"module's top level (not a lambda or a local function), or pass "
+                    f"multiprocessing_context='fork', or num_workers=0"
+                ) from exc
 
     def _check_packing(self) -> None:
         packing = self.packing

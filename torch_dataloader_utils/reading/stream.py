@@ -15,6 +15,7 @@ as rests; a piece is opened and decoded by ``reading.pieces``, a shuffled share 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from ..base.world import detect_worker
 from ..formats import FileFormat
 from ..index.index import DatasetIndex
 from ..planning.order import StreamOrder
@@ -125,7 +127,13 @@ class StreamSource:
     def _tokenized(
         self, chunks: Iterator[tuple[pa.RecordBatch, int]], tokenize: Tokenize
     ) -> Iterator[tuple[Chunk, int]]:
-        """``chunks`` with their text tokenized, cut where the tokenizer's calls end."""
+        """``chunks`` with their text tokenized, cut where the tokenizer's calls end.
+
+        In a DataLoader worker the tokenizer runs on one thread (the workers are the
+        parallelism): ``tokenizers`` would start a pool of a thread per core in every worker
+        whose parent had not used one, unless the user set ``TOKENIZERS_PARALLELISM``."""
+        if detect_worker() is not None:
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         encode = tokenize.encoder()
         try:
             for chunk, position in chunks:
