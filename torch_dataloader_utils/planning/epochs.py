@@ -144,6 +144,7 @@ class Epochs:
             even_batches=self.even_batches,
             packing=None if config.packing is None else config.packing.setting,
             tokenize=None if config.tokenize is None else config.tokenize.setting,
+            whole_documents=None if config.packing is None else config.packing.whole_setting,
         )
 
     def plan(self, start: Start, num_workers: int) -> EpochPlan:
@@ -229,10 +230,13 @@ class Epochs:
                     f"(StatefulDataLoader keeps one state per worker); load each worker's state "
                     f"in that worker, or save the state through the loader"
                 )
+            # whole documents: the reader finds an earlier deal's delivered documents itself
+            # (``reading.bestfit``); a position's tokens count sequences, never cut tokens
+            whole = self.config.packing is not None and self.config.packing.whole_documents
             skips = {
                 row: tokens
                 for row, tokens in plan.stream_skips(first + worker).items()
-                if row >= position
+                if row >= position and not whole
             }
             tokens = position.tokens if isinstance(position, TokenPosition) else 0
             if not tokens and position in skips:
