@@ -305,11 +305,16 @@ def whole_batches(
 
 
 def stream_documents(
-    source: DocumentSource, packing: TokenPacking, start: int, read_ahead: int = 0
+    source: DocumentSource,
+    packing: TokenPacking,
+    start: int,
+    read_ahead: int = 0,
+    delivered: IntArray | None = None,
 ) -> Generator[Documents, None, None]:
     """The documents of ``source`` from row ``start``, chunk by chunk, without those an
-    earlier deal delivered (their rows' lengths 0)."""
-    delivered = delivered_before(source, packing)
+    earlier deal delivered (their rows' lengths 0; ``delivered``: ``delivered_before``'s)."""
+    if delivered is None:
+        delivered = delivered_before(source, packing)
     chunks = source.chunks(start, 1, read_ahead)
     try:
         for chunk, after in chunks:
@@ -329,7 +334,8 @@ def stream_documents(
 
 def delivered_before(source: DocumentSource, packing: TokenPacking) -> IntArray:
     """The rows of ``source``'s share (ascending) whose documents an earlier deal delivered:
-    of each old stream that stood inside a window, that window's first sequences' rows."""
+    of each old stream it reads the rest of, those the old stream's own earlier deals
+    delivered, and, when it stood inside a window, that window's first sequences' rows."""
     plan, order = source.order.plan, source.order
     generation = plan.generation
     none = np.empty(0, dtype=np.int64)
@@ -338,22 +344,25 @@ def delivered_before(source: DocumentSource, packing: TokenPacking) -> IntArray:
     pieces = order.pieces
     begins = (pieces.ends - pieces.rows).tolist()
     found = [none]
-    for number, old in enumerate(pieces.splits.tolist()):
+    for number, g in enumerate(pieces.splits.tolist()):
         lo, hi = int(pieces.lo[number]), int(pieces.hi[number])
-        if old >= len(generation.tokens) or not generation.tokens[old]:
-            continue
-        at = int(generation.positions[old])
-        if lo >= at + packing.window:
-            continue
-        rows = _window_delivered(source.older(old), packing, at, int(generation.tokens[old]))
+        old = source.older(g)
+        rows = delivered_before(old, packing)
+        count = int(generation.tokens[g]) if g < len(generation.tokens) else 0
+        at = int(generation.positions[g]) if count else 0
+        if count and lo < at + packing.window:
+            rows = np.concatenate((rows, _window_delivered(old, packing, at, count, rows)))
         rows = rows[(rows >= lo) & (rows < hi)]
         found.append(begins[number] + rows - lo)
     return np.sort(np.concatenate(found))
 
 
-def _window_delivered(old: DocumentSource, packing: TokenPacking, at: int, count: int) -> IntArray:
-    """The rows of stream ``old`` in the first ``count`` sequences of its window at ``at``."""
-    docs = stream_documents(old, packing, at)
+def _window_delivered(
+    old: DocumentSource, packing: TokenPacking, at: int, count: int, delivered: IntArray
+) -> IntArray:
+    """The rows of stream ``old`` (whose rows ``delivered`` earlier deals delivered) in the
+    first ``count`` sequences of its window at ``at``."""
+    docs = stream_documents(old, packing, at, delivered=delivered)
     try:
         packer = WholeDocuments(docs, packing, TokenPosition(at, count), old.describe_at)
         window = packer.first_window()

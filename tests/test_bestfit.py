@@ -1,0 +1,301 @@
+"""Whole-document packing (``TokenPacking(whole_documents=True)``): no document cut, each once,
+best-fit within a window, deterministic, exact and elastic resume, overlong policies."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import _harness
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_packing import _SPAN, PAD, SEP, write_documents
+
+from torch_dataloader_utils import (
+    CheckpointMismatchError,
+    DataSourceError,
+    StructuredDataset,
+    TokenPacking,
+)
+from torch_dataloader_utils.reading.bestfit import Window, best_fit
+
+SEQ_LEN = 32
+
+
+def whole(**kwargs: Any) -> TokenPacking:
+    options = {"seq_len": SEQ_LEN, "separator": SEP, "pad_id": PAD, "whole_documents": True,
+               "window": 8} | kwargs  # fmt: skip
+    return TokenPacking("tokens", **options)
+
+
+def case(root: Path, **kwargs: Any) -> dict[str, Any]:
+    packing = kwargs.pop("packing", None) or whole()
+    return {"path": str(root), "batch_size": 3, "split_bytes": 600, "packing": packing, **kwargs}
+
+
+def documents_of(batches: Sequence[Mapping[str, Any]], seq_len: int = SEQ_LEN) -> list[int]:
+    """The documents of canonical batches in delivery order, each checked whole: every part
+    of ``cu_seqlens`` is one whole document (its tokens in order, then the separator) or one
+    sequence's padding, and no part crosses a sequence."""
+    docs: list[int] = []
+    for batch in batches:
+        flat = [t for row in batch["input_ids"][1] for t in row]
+        cu = batch["cu_seqlens"][1]
+        real = 0
+        for lo, hi in itertools.pairwise(cu):
+            part = flat[lo:hi]
+            assert lo // seq_len == (hi - 1) // seq_len, f"part {lo}..{hi} crosses a sequence"
+            if part[0] == PAD:
+                assert set(part) == {PAD} and hi % seq_len == 0
+                continue
+            doc = part[0] // _SPAN if part[0] != SEP else None
+            body = part[:-1] if part[-1] == SEP else part
+            assert part[-1] == SEP or len(part) == seq_len  # truncated ones fill a sequence
+            if doc is None:  # an empty document: its separator alone
+                assert part == [SEP]
+                docs.append(-1)
+            else:
+                assert body == list(range(doc * _SPAN, doc * _SPAN + len(body))), part
+                docs.append(doc)
+            real += hi - lo
+        assert real == batch["num_tokens"][1]
+    return docs
+
+
+def expected_documents(lengths: Sequence[Sequence[int]]) -> Counter[int]:
+    flat = [n for f in lengths for n in f]
+    return Counter(d if n else -1 for d, n in enumerate(flat))
+
+
+@pytest.fixture(scope="module")
+def lengths() -> list[list[int]]:
+    rng = np.random.default_rng(7)
+    return [rng.choice([0, 1, 3, 9, 17, 25, 31], size=n).tolist() for n in (40, 25, 33)]
+
+
+@pytest.fixture(scope="module")
+def docs_dir(tmp_path_factory: pytest.TempPathFactory, lengths: list[list[int]]) -> Path:
+    return write_documents(tmp_path_factory.mktemp("docs"), lengths)
+
+
+# ------------------------------------------------------------------------------- best fit
+
+
+def test_best_fit_puts_each_document_where_it_fits_best() -> None:
+    # 8, 6 and 5 open sequences (free 2, 4, 5); 3 goes to the 6's (free 4, the least that
+    # holds it), 2 to the 8's; in index order inside each; the empty document goes nowhere
+    assert best_fit(np.array([5, 3, 8, 2, 0, 6]), 10) == [[2, 3], [1, 5], [0]]
+    assert best_fit(np.array([], dtype=np.int64), 10) == []
+
+
+def test_window_places_documents_whole_and_pads_each_sequence() -> None:
+    values = np.arange(100, 116)  # documents of 5, 3, 8 tokens, one after the other
+    window = Window.pack(values, np.array([5, 3, 8]), placed=np.array([5, 3, 8]), seq_len=10,
+                         pad_id=-2)  # fmt: skip
+    rows = window.tokens.reshape(-1, 10).tolist()
+    assert rows == [[108, 109, 110, 111, 112, 113, 114, 115, -2, -2],
+                    [100, 101, 102, 103, 104, 105, 106, 107, -2, -2]]  # fmt: skip
+    assert window.starts.tolist() == [0, 8, 10, 15, 18]
+    assert window.fill.tolist() == [8, 8] and window.rows_of(1).tolist() == [2]
+
+
+def test_waste_on_a_log_normal_sft_sample_is_below_5_percent() -> None:
+    rng = np.random.default_rng(0)
+    lengths = np.maximum(1, rng.lognormal(np.log(600), 1.0, 20_000)).astype(np.int64)
+    placed = np.minimum(lengths, 4096)
+    sequences = sum(len(best_fit(placed[a : a + 512], 4096)) for a in range(0, len(placed), 512))
+    waste = 1 - placed.sum() / (sequences * 4096)
+    assert waste < 0.05
+    assert waste > 0.001  # a window, not the whole set: some space is left
+
+
+# ------------------------------------------------------------------------------- the batches
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_document_once_and_whole(docs_dir: Path, lengths, num_workers, shuffle) -> None:
+    full = _harness.run_epoch(case(docs_dir, num_workers=num_workers, shuffle=shuffle))
+    assert Counter(documents_of(full)) == expected_documents(lengths)
+    # each stream's last batch may be short
+    assert sum(len(b["input_ids"][1]) < 3 for b in full) <= max(1, num_workers)
+    assert _harness.run_epoch(case(docs_dir, num_workers=num_workers, shuffle=shuffle)) == full
+
+
+def test_documents_stay_in_their_window(docs_dir: Path, lengths) -> None:
+    full = _harness.run_epoch(case(docs_dir, packing=whole(window=5)))
+    order = documents_of(full)
+    real = [d for d in order if d >= 0]
+    # unshuffled, one stream: window w holds documents 5w..5w+4; windows come in order
+    assert [d // 5 for d in real] == sorted(d // 5 for d in real)
+
+
+def test_drop_last_drops_the_short_last_batch(docs_dir: Path, lengths) -> None:
+    kept = _harness.run_epoch(case(docs_dir))
+    dropped = _harness.run_epoch(case(docs_dir, drop_last=True))
+    assert len(kept[-1]["input_ids"][1]) < 3  # this data's last batch is short
+    assert dropped == kept[:-1]
+
+
+def test_waste_beats_a_window_of_one(docs_dir: Path) -> None:
+    def padding(packing: TokenPacking) -> int:
+        full = _harness.run_epoch(case(docs_dir, packing=packing))
+        return sum(len(b["input_ids"][1]) * SEQ_LEN - b["num_tokens"][1] for b in full)
+
+    assert padding(whole(window=64)) < padding(whole(window=1)) / 2
+
+
+# ------------------------------------------------------------------------------- resume
+
+
+@given(k=st.integers(0, 30), batch_size=st.integers(1, 4), window=st.integers(1, 12),
+       shuffle=st.booleans())  # fmt: skip
+@settings(max_examples=15, deadline=None)
+def test_resume_at_any_batch_is_exact(docs_dir: Path, k, batch_size, window, shuffle) -> None:
+    packed = case(docs_dir, batch_size=batch_size, packing=whole(window=window), shuffle=shuffle)
+    full = _harness.run_epoch(packed)
+    state = _harness.assert_resume_exact(packed, min(k, len(full)), full=full)
+    assert state["_whole_documents"] == {"seq_len": SEQ_LEN, "window": window,
+                                         "overlong": "truncate"}  # fmt: skip
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_with_workers_is_exact_mid_window(docs_dir: Path, num_workers) -> None:
+    packed = case(docs_dir, num_workers=num_workers, shuffle=True, packing=whole(window=16))
+    full = _harness.run_epoch(packed)
+    inside = 0
+    for k in (1, 4, len(full) // 2, len(full) - 1):
+        state = _harness.assert_resume_exact(packed, k, full=full)
+        inside += sum(1 for entry in state["streams"] if entry[1])  # mid-window
+    assert inside
+
+
+@pytest.mark.parametrize(
+    ("other", "field"),
+    [
+        (whole(window=9), "whole_documents.window"),
+        (whole(seq_len=40), "whole_documents.seq_len"),
+        (whole(overlong="drop"), "whole_documents.overlong"),
+        (TokenPacking("tokens", seq_len=SEQ_LEN, separator=SEP), "whole_documents"),
+    ],
+)
+def test_resume_with_other_whole_document_settings_is_refused(
+    docs_dir: Path, other: TokenPacking, field: str
+) -> None:
+    state, _ = _harness.checkpoint_after(case(docs_dir), 3)
+    with pytest.raises(CheckpointMismatchError, match=f"{field}=") as raised:
+        _harness.resume(case(docs_dir, packing=other), state)
+    assert raised.value.field == field
+
+
+def test_a_greedy_state_is_refused_by_whole_documents(docs_dir: Path) -> None:
+    greedy = TokenPacking("tokens", seq_len=SEQ_LEN, separator=SEP)
+    state, _ = _harness.checkpoint_after(case(docs_dir, packing=greedy), 3)
+    with pytest.raises(CheckpointMismatchError, match="whole_documents=False"):
+        _harness.resume(case(docs_dir), state)
+
+
+# ------------------------------------------------------------------------------- elastic
+
+
+@given(
+    steps=st.lists(st.integers(0, 8), min_size=2, max_size=2),
+    new_world=st.integers(1, 3),
+    new_workers=st.sampled_from([0, 2]),
+    shuffle=st.booleans(),
+)
+@settings(max_examples=10, deadline=None)
+def test_elastic_resume_delivers_every_document_once(
+    docs_dir: Path, lengths, steps, new_world, new_workers, shuffle
+) -> None:
+    base = case(docs_dir, shuffle=shuffle, even_batches=False)
+    got: list[int] = []
+    states = []
+    for rank, k in enumerate(steps):
+        state, batches = _harness.checkpoint_after({**base, "rank": rank, "world_size": 2}, k)
+        states.append(state)
+        got += documents_of(batches)
+    for rank in range(new_world):
+        loader, _ = _harness.make_loader(
+            {**base, "rank": rank, "world_size": new_world, "num_workers": new_workers}
+        )
+        loader.load_state_dict(states, elastic=True)
+        got += documents_of(_harness.take(loader))
+    assert Counter(got) == expected_documents(lengths)
+
+
+def test_elastic_twice_then_exact(docs_dir: Path, lengths) -> None:
+    base = case(docs_dir, shuffle=True, even_batches=False, packing=whole(window=12))
+    got: list[int] = []
+    old = []
+    for rank, k in enumerate((5, 2)):
+        state, batches = _harness.checkpoint_after({**base, "rank": rank, "world_size": 2}, k)
+        old.append(state)
+        got += documents_of(batches)
+    middle = []
+    for rank, k in enumerate((3, 1, 2)):
+        loader, _ = _harness.make_loader({**base, "rank": rank, "world_size": 3})
+        loader.load_state_dict(old, elastic=True)
+        it = iter(loader)
+        got += documents_of([_harness.canonical(next(it)) for _ in range(k)])
+        middle.append(_harness.json_round_trip(loader.state_dict()))
+        del it
+    assert any(entry[1] for state in middle for entry in state["streams"])  # mid-window
+    third = []
+    for rank in range(3):  # an exact resume of each rank, from its state after the elastic one
+        rest = _harness.resume({**base, "rank": rank, "world_size": 3}, middle[rank])
+        third.append(rest)
+        got += documents_of(rest)
+    assert Counter(got) == expected_documents(lengths)
+    # and an elastic resume of the elastic states: the second generation's windows found again
+    again: list[int] = []
+    for rank in range(2):
+        loader, _ = _harness.make_loader({**base, "rank": rank, "world_size": 2})
+        loader.load_state_dict(middle, elastic=True)
+        again += documents_of(_harness.take(loader))
+    assert Counter(again) == Counter(d for rest in third for d in documents_of(rest))
+
+
+# ------------------------------------------------------------------------------- overlong
+
+
+@pytest.fixture(scope="module")
+def long_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_documents(tmp_path_factory.mktemp("long"), [[5, 40, 9, 31, 70, 2]])
+
+
+def test_overlong_documents_are_truncated_and_counted(long_dir: Path, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="torch_dataloader_utils"):
+        full = _harness.run_epoch(case(long_dir))
+    # 1 and 4 cut to their first 32 tokens (documents_of checks them: a full sequence each)
+    assert sorted(documents_of(full)) == [0, 1, 2, 3, 4, 5]
+    assert "truncated 2 document(s) longer than seq_len=32" in caplog.text
+    assert "2 in this stream so far" in caplog.text
+
+
+def test_overlong_documents_can_be_dropped(long_dir: Path, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="torch_dataloader_utils"):
+        full = _harness.run_epoch(case(long_dir, packing=whole(overlong="drop")))
+    assert sorted(documents_of(full)) == [0, 2, 3, 5]
+    assert "dropped 2 document(s)" in caplog.text
+
+
+def test_overlong_error_names_the_split_and_row(long_dir: Path) -> None:
+    dataset = StructuredDataset(str(long_dir), packing=whole(overlong="error"), batch_size=2)
+    with pytest.raises(DataSourceError, match=r"part-00.parquet.*stream row 1 is a document of 41"):
+        next(iter(dataset))
+
+
+def test_bad_whole_document_arguments_name_the_value() -> None:
+    with pytest.raises(ValueError, match="overlong must be one of"):
+        whole(overlong="cut")
+    with pytest.raises(ValueError, match="window must be a positive int, got 0"):
+        whole(window=0)
+    with pytest.raises(TypeError, match="whole_documents must be True or False"):
+        whole(whole_documents="yes")
