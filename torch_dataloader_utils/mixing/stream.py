@@ -15,7 +15,8 @@ import pyarrow as pa
 from ..base.arrays import IntArray, as_arrow, is_number, numbers
 from ..base.errors import DataSourceError
 from ..planning.plan import Position
-from ..planning.tokens import TokenPacking
+from ..planning.tokens import TokenPacking, TokenPosition
+from ..reading.bestfit import Documents, WholeDocuments, chunk_documents
 from ..reading.packing import Pending, documents, packed_batch
 from ..reading.runs import Chunk
 from ..reading.stream import SourceFiles, chunk_rows
@@ -108,12 +109,17 @@ class MixedSource:
         and the elastic deals of ``MixedEpochs.skips``)."""
         progress, seq_len = self.progress, packing.seq_len
         assert isinstance(start, MixPosition)
-        packers = []
+        packers: list[_Packer | _WholePacker] = []
         stream, workers = progress.stream(self.worker), progress.num_workers
         for s, (row, tokens) in enumerate(start.sources):
             feed = _Feed(self, s, row, 1, read_ahead)
             describe = functools.partial(self._describe_row, s)
             cut = {r: t for r, t in progress.mix.skips(s, stream, workers).items() if r >= row}
+            if packing.whole_documents:  # no cut documents: an elastic resume is refused
+                docs = _feed_documents(feed, packing, describe)
+                whole = WholeDocuments(docs, packing, TokenPosition(row, tokens), describe)
+                packers.append(_WholePacker(feed, whole))
+                continue
             if tokens:
                 cut[row] = tokens
             packers.append(_Packer(feed, packing, cut, (row, tokens), describe))
@@ -125,7 +131,9 @@ class MixedSource:
                 hi = min(lo + batch_size, end)
                 mixed = progress.interleave(self.worker, lo, hi)
                 blocks = [p.take(len(n)) for p, n in zip(packers, mixed.places, strict=True)]
-                batch = _mixed_sequences(blocks, mixed, seq_len, position_ids)
+                reals = [p.real for p in packers if isinstance(p, _WholePacker)]
+                real = sum(reals) if packing.whole_documents else None
+                batch = _mixed_sequences(blocks, mixed, seq_len, position_ids, real)
                 if progress.mix.source_column is not None:
                     batch[progress.mix.source_column] = mixed.sources.copy()
                 yield batch, MixPosition(hi, tuple(p.position for p in packers))
@@ -248,6 +256,48 @@ class _Packer:
         self._feed.close()
 
 
+class _WholePacker:
+    """One source's documents for one stream, packed whole (``reading.bestfit``): the
+    ``_Packer`` calls, and the real tokens of the sequences last taken."""
+
+    def __init__(self, feed: _Feed, packer: WholeDocuments) -> None:
+        self._feed, self._packer = feed, packer
+        self.real = 0
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """The source's window start (a row over all its epochs), its sequences delivered."""
+        position = self._packer.position
+        return int(position), position.tokens
+
+    def take(self, sequences: int) -> tuple[npt.NDArray[Any], IntArray]:
+        """The tokens of the next ``sequences`` sequences, where documents and paddings start."""
+        tokens, starts, self.real, _ = self._packer.take(sequences)
+        return tokens, starts
+
+    def close(self) -> None:
+        self._feed.close()
+
+
+def _feed_documents(
+    feed: _Feed, packing: TokenPacking, describe: Callable[[int], str]
+) -> Iterator[Documents]:
+    """A source's documents from ``feed``, epoch after epoch (refused once it reads
+    ``_MAX_EMPTY_CHUNKS`` chunks in a row without a token)."""
+    empty_chunks = 0
+    while True:
+        chunk, after = feed.next_chunk()
+        first = after - chunk.num_rows
+        values, lengths = chunk_documents(chunk, packing, first, describe)
+        empty_chunks = empty_chunks + 1 if not len(values) else 0
+        if empty_chunks > _MAX_EMPTY_CHUNKS:
+            raise DataSourceError(
+                f"{describe(after)}: {empty_chunks} chunks in a row without a token; "
+                f"a packed source needs tokens (or a separator) to make sequences"
+            )
+        yield values, lengths, first
+
+
 def _interleaved(
     parts: list[list[Chunk]], mixed: Interleave, schema: pa.Schema, source_column: str | None
 ) -> pa.RecordBatch:
@@ -314,10 +364,11 @@ def _mixed_sequences(
     mixed: Interleave,
     seq_len: int,
     position_ids: object,
+    real: int | None = None,
 ) -> dict[str, Any]:
     """A packed batch whose sequence ``i`` is the next sequence of source
     ``mixed.sources[i]``: ``blocks[s]`` holds source ``s``'s sequences (tokens, document
-    starts)."""
+    starts); ``real``: its real tokens (``None``: all, no padding)."""
     places = np.concatenate(mixed.places)  # the output row of each sequence, source by source
     tokens = [t for t, _ in blocks if len(t)]
     joined = tokens[0] if len(tokens) == 1 else np.concatenate(tokens)
@@ -328,4 +379,6 @@ def _mixed_sequences(
         rows = first + block_starts // seq_len
         starts.append(places[rows] * seq_len + block_starts % seq_len)
         first += len(block_tokens) // seq_len
-    return packed_batch(out.reshape(-1), np.sort(np.concatenate(starts)), seq_len, position_ids)
+    return packed_batch(
+        out.reshape(-1), np.sort(np.concatenate(starts)), seq_len, position_ids, real=real
+    )

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 from ..base.arrays import IntArray
 from ..base.errors import DataSourceError, InvalidStateError
@@ -36,7 +37,15 @@ from ..planning.tokens import TokenPacking, TokenPosition
 from .packing import documents, packed_batch
 from .runs import Chunk
 
-__all__ = ["DocumentSource", "WholeDocuments", "Window", "best_fit", "whole_batches"]
+__all__ = [
+    "DocumentSource",
+    "Documents",
+    "WholeDocuments",
+    "Window",
+    "best_fit",
+    "chunk_documents",
+    "whole_batches",
+]
 
 _log = logging.getLogger("torch_dataloader_utils")
 
@@ -319,8 +328,7 @@ def stream_documents(
     try:
         for chunk, after in chunks:
             first = after - chunk.num_rows
-            values, _, starts, _ = documents(chunk, packing, first, {}, source.describe_at)
-            lengths = np.diff(np.append(starts, len(values)))
+            values, lengths = chunk_documents(chunk, packing, first, source.describe_at)
             gone = delivered[(delivered >= first) & (delivered < after)] - first
             if len(gone):
                 kept = np.ones(len(lengths), dtype=bool)
@@ -330,6 +338,14 @@ def stream_documents(
             yield values, lengths, first
     finally:
         chunks.close()  # type: ignore[attr-defined]
+
+
+def chunk_documents(
+    chunk: pa.RecordBatch, packing: TokenPacking, first: int, describe: Callable[[int], str]
+) -> tuple[npt.NDArray[Any], IntArray]:
+    """A chunk's tokens (separators in) and each row's length; ``first``: its first row."""
+    values, _, starts, _ = documents(chunk, packing, first, {}, describe)
+    return values, np.diff(np.append(starts, len(values)))
 
 
 def delivered_before(source: DocumentSource, packing: TokenPacking) -> IntArray:
