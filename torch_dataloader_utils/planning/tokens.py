@@ -70,7 +70,7 @@ class TokenPacking:
     sequence a part of its own in ``cu_seqlens``). A document longer than ``seq_len`` is cut to
     its first ``seq_len`` tokens (``overlong="truncate"``), left out (``"drop"``) or refused
     (``"error"``); truncated and dropped ones are counted in a warning of the
-    ``torch_dataloader_utils`` logger, once per window that holds any.
+    ``torch_dataloader_utils`` logger (the first, then each time a stream's count doubles).
     """
 
     column: str

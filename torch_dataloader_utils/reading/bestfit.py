@@ -14,7 +14,7 @@ inside a window (``Generation.tokens[g]`` sequences of the window at ``positions
 delivered) had some of that window's documents delivered: the window is read and packed
 again (as the old stream packed it) to find them, and they are left out here.
 
-Per document only integer work (the assignment); tokens are moved by numpy, a window at a time.
+Per document only integer work (the assignment) and one slice copy; never Python per token.
 """
 
 from __future__ import annotations
@@ -133,12 +133,12 @@ class Window:
         sources = np.cumsum(lengths) - lengths  # each document's first token in ``values``
         # where each document goes: its sequence's start + the documents before it there
         places = np.repeat(np.arange(len(sizes)) * seq_len - before[firsts[:-1]], sizes) + before
-        count = int(used.sum())
-        every = np.arange(count, dtype=np.int64)
         tokens = np.full(len(sizes) * seq_len, pad_id, dtype=values.dtype)
-        tokens[np.repeat(places - before, used) + every] = values[
-            np.repeat(sources[members] - before, used) + every
-        ]
+        # a copy per document (hundreds of tokens each): 20x faster than gathering by index
+        for place, source, count in zip(
+            places.tolist(), sources[members].tolist(), used.tolist(), strict=True
+        ):
+            tokens[place : place + count] = values[source : source + count]
         ends = np.arange(len(sizes), dtype=np.int64) * seq_len + fill
         starts = np.sort(np.concatenate((places, ends[fill < seq_len])))
         return cls(tokens, starts, fill, members, firsts)
@@ -163,7 +163,7 @@ class WholeDocuments:
         describe: Callable[[int], str],
     ) -> None:
         self._docs, self._packing, self._describe = docs, packing, describe
-        self._values: npt.NDArray[Any] = np.empty(0, dtype=np.int64)
+        self._parts: list[npt.NDArray[Any]] = []  # the pending tokens, chunk by chunk
         self._lengths: IntArray = np.empty(0, dtype=np.int64)
         self._first = int(start)  # the stream row of the first pending document
         self._window: Window | None = None
@@ -203,7 +203,7 @@ class WholeDocuments:
             taken += hi - self._next
             self._next = hi
         if not parts:
-            return self._values[:0], np.empty(0, dtype=np.int64), 0, 0
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), 0, 0
         tokens = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
         starts = np.concatenate([p[1] for p in parts])
         return tokens, starts, sum(p[2] for p in parts), taken
@@ -223,14 +223,13 @@ class WholeDocuments:
                 break
             values, lengths, first = got
             assert first == self._first + len(self._lengths), "documents out of order"
-            self._values = np.concatenate((self._values, values)) if len(self._values) else values
+            self._parts.append(values)
             self._lengths = np.concatenate((self._lengths, lengths))
         count = min(rows, len(self._lengths))
         if count == 0:
             return False
-        lengths, tokens = self._lengths[:count], int(self._lengths[:count].sum())
-        values = self._values[:tokens]
-        self._values, self._lengths = self._values[tokens:], self._lengths[count:]
+        lengths, self._lengths = self._lengths[:count], self._lengths[count:]
+        values = self._take_values(int(lengths.sum()))
         window_start = self._first
         self._first += count
         window = Window.pack(
@@ -254,6 +253,22 @@ class WholeDocuments:
             self._next = self._skip
         return True
 
+    def _take_values(self, count: int) -> npt.NDArray[Any]:
+        """The next ``count`` pending tokens: a view of a chunk's, or a copy where they span
+        chunks (a window's worth at most)."""
+        if not count:
+            return np.empty(0, dtype=np.int64)  # a window without a token makes no sequence
+        pieces = [self._parts[0][:0]]
+        while count:
+            head = self._parts[0]
+            if len(head) <= count:
+                pieces.append(self._parts.pop(0))
+                count -= len(head)
+            else:
+                pieces.append(head[:count])
+                self._parts[0], count = head[count:], 0
+        return pieces[-1] if len(pieces) == 2 else np.concatenate(pieces)
+
     def _capped(self, lengths: IntArray, first: int) -> IntArray:
         """``lengths`` with the documents longer than ``seq_len`` truncated or dropped (and
         counted), or refused, as ``TokenPacking.overlong`` says."""
@@ -269,13 +284,15 @@ class WholeDocuments:
                 f"whole-document packing with overlong='error' refuses it: pass "
                 f"overlong='truncate' or 'drop', or a larger seq_len"
             )
-        self.overlong += len(over)
-        _log.warning(
-            "whole-document packing: %s %d document(s) longer than seq_len=%d in the window of "
-            "stream rows %d..%d (the first: %s); %d in this stream so far",
-            "truncated" if packing.overlong == "truncate" else "dropped", len(over),
-            packing.seq_len, first, first + len(lengths) - 1, where, self.overlong,
-        )  # fmt: skip
+        logged, self.overlong = self.overlong, self.overlong + len(over)
+        if self.overlong >= 2 * logged:  # the first, then each time the count doubles
+            _log.warning(
+                "whole-document packing: %s %d document(s) longer than seq_len=%d in the "
+                "window of stream rows %d..%d (the first: %s); %d in this stream so far (logged "
+                "again when that doubles)",
+                "truncated" if packing.overlong == "truncate" else "dropped", len(over),
+                packing.seq_len, first, first + len(lengths) - 1, where, self.overlong,
+            )  # fmt: skip
         capped = lengths.copy()
         capped[over] = packing.seq_len if packing.overlong == "truncate" else 0
         return capped
