@@ -4,6 +4,7 @@ best-fit within a window, deterministic, exact and elastic resume, overlong poli
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ from torch_dataloader_utils import (
     StructuredDataset,
     TokenPacking,
 )
+from torch_dataloader_utils.cli import main
 from torch_dataloader_utils.reading.bestfit import Window, best_fit
 
 SEQ_LEN = 32
@@ -382,3 +384,11 @@ def test_an_elastic_resume_of_a_whole_document_mixture_is_refused(tmp_path: Path
                        "whole_documents=True is not supported yet") as raised:  # fmt: skip
         loader.load_state_dict([state], elastic=True)
     assert raised.value.field == "whole_documents"
+
+
+def test_the_cli_verifies_a_whole_document_state(docs_dir: Path, tmp_path: Path, capsys) -> None:
+    state, _ = _harness.checkpoint_after(case(docs_dir), 4)
+    saved = tmp_path / "state.json"
+    saved.write_text(json.dumps(state))
+    assert main(["verify", str(saved), str(docs_dir)]) == 0, capsys.readouterr().out
+    assert "MISMATCH" not in capsys.readouterr().out
