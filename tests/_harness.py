@@ -198,6 +198,27 @@ def assert_resume_exact(
     return state
 
 
+def elastic_run(
+    case: Case, steps: list[int], new_world: int, new_workers: int
+) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Ranks of a ``len(steps)``-rank job each take ``steps[rank]`` batches; every new rank of
+    ``new_world`` (``new_workers`` workers) loads all their states elastically and runs the
+    rest. Returns the old ranks' batches, the new ranks' and the old states."""
+    before, states = [], []
+    for rank, k in enumerate(steps):
+        state, batches = checkpoint_after({**case, "rank": rank, "world_size": len(steps)}, k)
+        states.append(state)
+        before.append(batches)
+    after = []
+    for rank in range(new_world):
+        loader, _ = make_loader(
+            {**case, "rank": rank, "world_size": new_world, "num_workers": new_workers}
+        )
+        loader.load_state_dict(states, elastic=True)
+        after.append(take(loader))
+    return before, after, states
+
+
 # ---------------------------------------------------------------------------- reads
 
 

@@ -219,29 +219,15 @@ def test_elastic_resume_delivers_every_document_once(
     docs_dir: Path, lengths, steps, new_world, new_workers, shuffle
 ) -> None:
     base = case(docs_dir, shuffle=shuffle, even_batches=False)
-    got: list[int] = []
-    states = []
-    for rank, k in enumerate(steps):
-        state, batches = _harness.checkpoint_after({**base, "rank": rank, "world_size": 2}, k)
-        states.append(state)
-        got += documents_of(batches)
-    for rank in range(new_world):
-        loader, _ = _harness.make_loader(
-            {**base, "rank": rank, "world_size": new_world, "num_workers": new_workers}
-        )
-        loader.load_state_dict(states, elastic=True)
-        got += documents_of(_harness.take(loader))
+    before, after, _ = _harness.elastic_run(base, steps, new_world, new_workers)
+    got = [d for batches in before + after for d in documents_of(batches)]
     assert Counter(got) == expected_documents(lengths)
 
 
 def test_elastic_twice_then_exact(docs_dir: Path, lengths) -> None:
     base = case(docs_dir, shuffle=True, even_batches=False, packing=whole(window=12))
-    got: list[int] = []
-    old = []
-    for rank, k in enumerate((5, 2)):
-        state, batches = _harness.checkpoint_after({**base, "rank": rank, "world_size": 2}, k)
-        old.append(state)
-        got += documents_of(batches)
+    before, _, old = _harness.elastic_run(base, [5, 2], 0, 0)
+    got = [d for batches in before for d in documents_of(batches)]
     middle = []
     for rank, k in enumerate((3, 1, 2)):
         loader, _ = _harness.make_loader({**base, "rank": rank, "world_size": 3})
