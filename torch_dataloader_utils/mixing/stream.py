@@ -114,12 +114,12 @@ class MixedSource:
         for s, (row, tokens) in enumerate(start.sources):
             feed = _Feed(self, s, row, 1, read_ahead)
             describe = functools.partial(self._describe_row, s)
-            cut = {r: t for r, t in progress.mix.skips(s, stream, workers).items() if r >= row}
             if packing.whole_documents:  # no cut documents: an elastic resume is refused
                 docs = _feed_documents(feed, packing, describe)
                 whole = WholeDocuments(docs, packing, TokenPosition(row, tokens), describe)
                 packers.append(_WholePacker(feed, whole))
                 continue
+            cut = {r: t for r, t in progress.mix.skips(s, stream, workers).items() if r >= row}
             if tokens:
                 cut[row] = tokens
             packers.append(_Packer(feed, packing, cut, (row, tokens), describe))

@@ -214,6 +214,9 @@ class Epochs:
         plan = self.plan(start, num_workers)
         chosen = range(settings.streams_per_rank) if workers is None else workers
         first = self.rank * plan.num_workers
+        # whole documents: the reader finds an earlier deal's delivered documents itself
+        # (``reading.bestfit``); a position's tokens count sequences, never cut tokens
+        whole = settings.whole_documents is not None
         progress = Progress(
             plan,
             settings,
@@ -230,9 +233,6 @@ class Epochs:
                     f"(StatefulDataLoader keeps one state per worker); load each worker's state "
                     f"in that worker, or save the state through the loader"
                 )
-            # whole documents: the reader finds an earlier deal's delivered documents itself
-            # (``reading.bestfit``); a position's tokens count sequences, never cut tokens
-            whole = self.config.packing is not None and self.config.packing.whole_documents
             skips = {
                 row: tokens
                 for row, tokens in plan.stream_skips(first + worker).items()
