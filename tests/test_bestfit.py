@@ -14,6 +14,8 @@ from typing import Any
 
 import _harness
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +27,7 @@ from torch_dataloader_utils import (
     CheckpointMismatchError,
     DataSourceError,
     StructuredDataset,
+    Tokenize,
     TokenPacking,
 )
 from torch_dataloader_utils.cli import main
@@ -394,3 +397,38 @@ def test_a_mixture_state_with_another_window_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointMismatchError, match=r"whole_documents\.window=6") as raised:
         loader.load_state_dict(state)
     assert raised.value.field == "whole_documents.window"
+
+
+def test_tokenized_text_is_packed_whole(tmp_path: Path) -> None:
+    """Text tokenized in the stream (``Tokenize``) then packed whole: each part of a batch is
+    one text's tokens and its EOS, every text once."""
+    rng = np.random.default_rng(3)
+    texts = [f"{doc}:" + "x" * int(n) for doc, n in enumerate(rng.integers(0, 30, 60))]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "part-0.parquet", row_group_size=7)
+
+    def encode(batch: list[str]) -> list[list[int]]:
+        out = []
+        for text in batch:
+            doc, body = text.split(":")
+            out.append([int(doc) * _SPAN + i for i in range(len(body))])
+        return out
+
+    eos = 999_999
+    loader, _ = StructuredDataset.create_dataloader(
+        str(tmp_path), batch_size=2, shuffle=True, num_workers=2,
+        tokenize=Tokenize("text", encode, eos_id=eos, name="by-length"),
+        packing=TokenPacking("input_ids", seq_len=SEQ_LEN, pad_id=PAD, whole_documents=True,
+                             window=8),
+    )  # fmt: skip
+    seen = []
+    for batch in loader:
+        flat = batch["input_ids"].flatten().tolist()
+        for lo, hi in itertools.pairwise(batch["cu_seqlens"].tolist()):
+            part = flat[lo:hi]
+            if part[0] == PAD:
+                continue
+            doc = part[0] // _SPAN if len(part) > 1 else None
+            if doc is not None:
+                assert part == [*range(doc * _SPAN, doc * _SPAN + len(part) - 1), eos]
+                seen.append(doc)
+    assert sorted(seen) == [d for d, t in enumerate(texts) if len(t.split(":")[1])]
