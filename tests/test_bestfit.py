@@ -382,6 +382,10 @@ def test_the_cli_verifies_a_whole_document_state(docs_dir: Path, tmp_path: Path,
     saved.write_text(json.dumps(state))
     assert main(["verify", str(saved), str(docs_dir)]) == 0, capsys.readouterr().out
     assert "MISMATCH" not in capsys.readouterr().out
+    assert main(["inspect", str(saved), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["settings"]["whole_documents"] == {"seq_len": SEQ_LEN, "window": 8,
+                                                     "overlong": "truncate"}  # fmt: skip
 
 
 def test_a_mixture_state_with_another_window_is_refused(tmp_path: Path) -> None:
