@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_mixing import _SPAN as _MIX_SPAN
 from test_mixing import write_documents as mix_documents
@@ -31,6 +31,8 @@ from torch_dataloader_utils import (
     TokenPacking,
 )
 from torch_dataloader_utils.cli import main
+from torch_dataloader_utils.mixing.state import encode_mixture
+from torch_dataloader_utils.planning.epochs import Start
 from torch_dataloader_utils.reading.bestfit import Window, best_fit
 
 SEQ_LEN = 32
@@ -362,18 +364,52 @@ def test_a_mixture_packs_whole_documents_and_resumes_exactly(tmp_path: Path, num
         assert rest == full[stop:]
 
 
-def test_an_elastic_resume_of_a_whole_document_mixture_is_refused(tmp_path: Path) -> None:
-    paths, options = mixture(tmp_path)
-    loader, _ = StructuredDataset.create_dataloader(paths, **options)
-    it = iter(loader)
-    next(it)
-    state = _harness.json_round_trip(loader.state_dict())
-    del it
-    loader, _ = StructuredDataset.create_dataloader(paths, **options, num_workers=2)
-    with pytest.raises(CheckpointMismatchError, match="elastic resume of a mixture packed with "
-                       "whole_documents=True is not supported yet") as raised:  # fmt: skip
-        loader.load_state_dict([state], elastic=True)
-    assert raised.value.field == "whole_documents"
+@given(
+    old=st.tuples(st.integers(1, 3), st.integers(0, 2)),
+    new=st.tuples(st.integers(1, 3), st.integers(0, 2)),
+    steps=st.lists(st.integers(0, 8), min_size=3, max_size=3),
+    window=st.integers(1, 9),
+)
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+def test_a_mixture_resumes_elastically_with_every_document_once(
+    tmp_path_factory: pytest.TempPathFactory, old, new, steps, window
+) -> None:
+    """Ranks stopped at different steps (mid-window), resumed on another world, then the next
+    epoch: every document whole, none twice (the sources are larger than what is read)."""
+    root = tmp_path_factory.mktemp("whole-elastic")
+    paths = {f"s{i}": mix_documents(root, f"s{i}", i, 200, 3) for i in range(3)}
+    packing = TokenPacking("tokens", seq_len=16, pad_id=-1, whole_documents=True, window=window)
+    kwargs = {"weights": {"s0": 3, "s1": 2, "s2": 1}, "batch_size": 2, "epoch_size": 30,
+              "shuffle": True, "packing": packing}  # fmt: skip
+    docs: list[int] = []
+    states = []
+    world, workers = old
+    for rank in range(world):
+        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
+        progress = ds._epochs.begin(Start.fresh(0), workers)
+        for w in range(max(1, workers)):
+            for batch, position in itertools.islice(ds._reader(progress, w).batches(), steps[rank]):
+                docs += mixed_documents(batch)
+                progress.record(w, position, 0)
+        states.append(_harness.json_round_trip(encode_mixture(ds._epochs, progress)))
+    world, workers = new
+    for rank in range(world):
+        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
+        ds._loader_workers = workers
+        ds.load_state_dict(states, elastic=True)
+        rest = ds._epochs.begin(ds._start, workers)
+        ds._progress = rest
+        for w in range(max(1, workers)):
+            for batch, position in ds._reader(rest, w).batches():
+                docs += mixed_documents(batch)
+                rest.record(w, position, 0)
+        carried = ds._carried(1)
+        assert carried is not None
+        following = ds._epochs.begin(carried, workers)
+        for w in range(max(1, workers)):
+            for batch, _ in ds._reader(following, w).batches():
+                docs += mixed_documents(batch)
+    assert docs and max(Counter(docs).values()) == 1
 
 
 def test_the_cli_verifies_a_whole_document_state(docs_dir: Path, tmp_path: Path, capsys) -> None:

@@ -71,17 +71,6 @@ def dealt_anew(
     stream: its next row and the tokens of it delivered), dealt anew to this job: each
     source's unfinished epochs, and the rest of the mixture epoch's positions."""
     first = read[0].state
-    packing = mix.config.packing
-    if packing is not None and packing.whole_documents:
-        raise CheckpointMismatchError(
-            f"an elastic resume of a mixture packed with whole_documents=True is not "
-            f"supported yet (a source's window of documents is not re-dealt across streams): "
-            f"resume with the checkpoint's world_size={first['_world_size']} and "
-            f"num_workers={first['_num_workers']} (elastic=False).\nLikely cause: "
-            f"elastic=True on a whole-document mixture: checkpoint=whole_documents, "
-            f"current=elastic",
-            split=read[0].where, field="whole_documents", expected=True, found="elastic",
-        )  # fmt: skip
     old_workers, old_world = first["_num_workers"], first["_world_size"]
     streams = max(1, old_workers)
     ordinals, tokens = located

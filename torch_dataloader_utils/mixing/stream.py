@@ -16,7 +16,13 @@ from ..base.arrays import IntArray, as_arrow, is_number, numbers
 from ..base.errors import DataSourceError
 from ..planning.plan import Position
 from ..planning.tokens import TokenPacking, TokenPosition
-from ..reading.bestfit import Documents, WholeDocuments, chunk_documents
+from ..reading.bestfit import (
+    Documents,
+    WholeDocuments,
+    chunk_documents,
+    delivered_before,
+    left_out,
+)
 from ..reading.packing import Pending, documents, packed_batch
 from ..reading.runs import Chunk
 from ..reading.stream import SourceFiles, chunk_rows
@@ -112,13 +118,15 @@ class MixedSource:
         packers: list[_Packer | _WholePacker] = []
         stream, workers = progress.stream(self.worker), progress.num_workers
         for s, (row, tokens) in enumerate(start.sources):
-            feed = _Feed(self, s, row, 1, read_ahead)
             describe = functools.partial(self._describe_row, s)
-            if packing.whole_documents:  # no cut documents: an elastic resume is refused
+            if packing.whole_documents:  # windows end with each epoch of the source
+                feed = _Feed(self, s, row, 1, read_ahead, whole=packing)
                 docs = _feed_documents(feed, packing, describe)
-                whole = WholeDocuments(docs, packing, TokenPosition(row, tokens), describe)
+                whole = WholeDocuments(docs, packing, TokenPosition(row, tokens), describe,
+                                       functools.partial(self._epoch_end, s))  # fmt: skip
                 packers.append(_WholePacker(feed, whole))
                 continue
+            feed = _Feed(self, s, row, 1, read_ahead)
             cut = {r: t for r, t in progress.mix.skips(s, stream, workers).items() if r >= row}
             if tokens:
                 cut[row] = tokens
@@ -141,6 +149,13 @@ class MixedSource:
             for packer in packers:
                 packer.close()
 
+    def _epoch_end(self, source: int, row: int) -> int:
+        """The row (over all the source's epochs) after the last of row ``row``'s epoch."""
+        progress = self.progress
+        place = progress.mix.place(source, progress.stream(self.worker), row,
+                                   progress.num_workers)  # fmt: skip
+        return row - place.offset + place.order.total
+
     def _describe_row(self, source: int, row: int) -> str:
         """Row ``row`` (over all epochs) of source ``source`` of this stream, for errors."""
         progress = self.progress
@@ -156,14 +171,17 @@ class _Feed:
     """One source's rows for one stream, from row ``ordinal`` on, epoch after epoch; rows are
     counted over all its epochs (``MixedEpochs.places_from``). Chunks are record batches; with
     ``as_rows``, a shuffled source's are the ``Rows`` gathered from its window (copied once, by
-    the interleave)."""
+    the interleave). With ``whole`` (whole-document packing), ``delivered`` holds the rows of
+    the current epoch an earlier deal delivered (``reading.bestfit.delivered_before``)."""
 
     def __init__(
         self, mixed: MixedSource, source: int, ordinal: int, min_rows: int, read_ahead: int,
-        *, as_rows: bool = False,
+        *, as_rows: bool = False, whole: TokenPacking | None = None,
     ) -> None:  # fmt: skip
         self._mixed, self._source = mixed, source
         self._min_rows, self._read_ahead, self._as_rows = min_rows, read_ahead, as_rows
+        self._whole = whole
+        self.delivered: IntArray = np.empty(0, dtype=np.int64)
         progress = mixed.progress
         self._places = progress.mix.places_from(
             source, progress.stream(mixed.worker), ordinal, progress.num_workers
@@ -178,6 +196,8 @@ class _Feed:
         self._base -= place.offset
         source = self._mixed.sources[self._source].stream(place.order)
         self._total = place.order.total
+        if self._whole is not None:
+            self.delivered = self._base + delivered_before(source, self._whole)
         return source.chunks(place.offset, self._min_rows, self._read_ahead, rows=self._as_rows)
 
     def next_chunk(self) -> tuple[Chunk, int]:
@@ -289,6 +309,7 @@ def _feed_documents(
         chunk, after = feed.next_chunk()
         first = after - chunk.num_rows
         values, lengths = chunk_documents(chunk, packing, first, describe)
+        values, lengths = left_out(values, lengths, first, feed.delivered)
         empty_chunks = empty_chunks + 1 if not len(values) else 0
         if empty_chunks > _MAX_EMPTY_CHUNKS:
             raise DataSourceError(

@@ -9,7 +9,8 @@ function of the window's lengths, so the same window start always gives the same
 and a stream's position is a ``TokenPosition``: the window's start, and ``tokens`` = the
 window's sequences already delivered.
 
-After an elastic resume a stream reads the rests of old streams; an old stream that stood
+After an elastic resume a stream reads the rests of old streams (a mixture's source: of each
+source epoch's old streams; its windows end with each source epoch); an old stream that stood
 inside a window (``Generation.tokens[g]`` sequences of the window at ``positions[g]``
 delivered) had some of that window's documents delivered: the window is read and packed
 again (as the old stream packed it) to find them, and they are left out here.
@@ -44,6 +45,8 @@ __all__ = [
     "Window",
     "best_fit",
     "chunk_documents",
+    "delivered_before",
+    "left_out",
     "whole_batches",
 ]
 
@@ -153,7 +156,8 @@ class Window:
 
 class WholeDocuments:
     """A stream's documents as best-fit sequences on demand, from ``start`` (a window's first
-    row, and the sequences of that window already delivered)."""
+    row, and the sequences of that window already delivered). With ``run_end`` (a mixture's
+    source, whose rows run on over its epochs) no window crosses the end of a run."""
 
     def __init__(
         self,
@@ -161,8 +165,10 @@ class WholeDocuments:
         packing: TokenPacking,
         start: TokenPosition | int,
         describe: Callable[[int], str],
+        run_end: Callable[[int], int] | None = None,
     ) -> None:
         self._docs, self._packing, self._describe = docs, packing, describe
+        self._run_end = run_end  # where the run (a mixture's source epoch) of a row ends
         self._parts: list[npt.NDArray[Any]] = []  # the pending tokens, chunk by chunk
         self._lengths: IntArray = np.empty(0, dtype=np.int64)
         self._first = int(start)  # the stream row of the first pending document
@@ -217,6 +223,8 @@ class WholeDocuments:
     def _advance(self) -> bool:
         """Pack the next window; ``False`` at the stream's end."""
         rows = self._packing.window
+        if self._run_end is not None:
+            rows = min(rows, self._run_end(self._first) - self._first)
         while len(self._lengths) < rows:
             got = next(self._docs, None)
             if got is None:
@@ -346,13 +354,7 @@ def stream_documents(
         for chunk, after in chunks:
             first = after - chunk.num_rows
             values, lengths = chunk_documents(chunk, packing, first, source.describe_at)
-            gone = delivered[(delivered >= first) & (delivered < after)] - first
-            if len(gone):
-                kept = np.ones(len(lengths), dtype=bool)
-                kept[gone] = False
-                values = values[np.repeat(kept, lengths)]
-                lengths = np.where(kept, lengths, 0)
-            yield values, lengths, first
+            yield (*left_out(values, lengths, first, delivered), first)
     finally:
         chunks.close()  # type: ignore[attr-defined]
 
@@ -363,6 +365,18 @@ def chunk_documents(
     """A chunk's tokens (separators in) and each row's length; ``first``: its first row."""
     values, _, starts, _ = documents(chunk, packing, first, {}, describe)
     return values, np.diff(np.append(starts, len(values)))
+
+
+def left_out(
+    values: npt.NDArray[Any], lengths: IntArray, first: int, delivered: IntArray
+) -> tuple[npt.NDArray[Any], IntArray]:
+    """Documents (from row ``first``) without the rows in ``delivered`` (their lengths 0)."""
+    gone = delivered[(delivered >= first) & (delivered < first + len(lengths))] - first
+    if not len(gone):
+        return values, lengths
+    kept = np.ones(len(lengths), dtype=bool)
+    kept[gone] = False
+    return values[np.repeat(kept, lengths)], np.where(kept, lengths, 0)
 
 
 def delivered_before(source: DocumentSource, packing: TokenPacking) -> IntArray:
