@@ -364,6 +364,51 @@ def test_a_mixture_packs_whole_documents_and_resumes_exactly(tmp_path: Path, num
         assert rest == full[stop:]
 
 
+def mixture_elastic(
+    root: Path,
+    docs: list[int],
+    old: tuple[int, int],
+    new: tuple[int, int],
+    steps: list[int],
+    window: int,
+) -> list[int]:
+    """The documents a mixture's ranks deliver before a stop (``old`` world and workers,
+    ``steps[rank]`` batches), then ``new`` ranks after an elastic resume, then their epoch 1."""
+    paths = {f"s{i}": mix_documents(root, f"s{i}", i, n, 3) for i, n in enumerate(docs)}
+    packing = TokenPacking("tokens", seq_len=16, pad_id=-1, whole_documents=True, window=window)
+    kwargs = {"weights": {"s0": 3, "s1": 2, "s2": 1}, "batch_size": 2, "epoch_size": 30,
+              "shuffle": True, "packing": packing}  # fmt: skip
+    got: list[int] = []
+    states = []
+    world, workers = old
+    for rank in range(world):
+        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
+        progress = ds._epochs.begin(Start.fresh(0), workers)
+        for w in range(max(1, workers)):
+            for batch, position in itertools.islice(ds._reader(progress, w).batches(), steps[rank]):
+                got += mixed_documents(batch)
+                progress.record(w, position, 0)
+        states.append(_harness.json_round_trip(encode_mixture(ds._epochs, progress)))
+    world, workers = new
+    for rank in range(world):
+        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
+        ds._loader_workers = workers
+        ds.load_state_dict(states, elastic=True)
+        rest = ds._epochs.begin(ds._start, workers)
+        ds._progress = rest
+        for w in range(max(1, workers)):
+            for batch, position in ds._reader(rest, w).batches():
+                got += mixed_documents(batch)
+                rest.record(w, position, 0)
+        carried = ds._carried(1)
+        assert carried is not None
+        following = ds._epochs.begin(carried, workers)
+        for w in range(max(1, workers)):
+            for batch, _ in ds._reader(following, w).batches():
+                got += mixed_documents(batch)
+    return got
+
+
 @given(
     old=st.tuples(st.integers(1, 3), st.integers(0, 2)),
     new=st.tuples(st.integers(1, 3), st.integers(0, 2)),
@@ -377,39 +422,20 @@ def test_a_mixture_resumes_elastically_with_every_document_once(
     """Ranks stopped at different steps (mid-window), resumed on another world, then the next
     epoch: every document whole, none twice (the sources are larger than what is read)."""
     root = tmp_path_factory.mktemp("whole-elastic")
-    paths = {f"s{i}": mix_documents(root, f"s{i}", i, 200, 3) for i in range(3)}
-    packing = TokenPacking("tokens", seq_len=16, pad_id=-1, whole_documents=True, window=window)
-    kwargs = {"weights": {"s0": 3, "s1": 2, "s2": 1}, "batch_size": 2, "epoch_size": 30,
-              "shuffle": True, "packing": packing}  # fmt: skip
-    docs: list[int] = []
-    states = []
-    world, workers = old
-    for rank in range(world):
-        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
-        progress = ds._epochs.begin(Start.fresh(0), workers)
-        for w in range(max(1, workers)):
-            for batch, position in itertools.islice(ds._reader(progress, w).batches(), steps[rank]):
-                docs += mixed_documents(batch)
-                progress.record(w, position, 0)
-        states.append(_harness.json_round_trip(encode_mixture(ds._epochs, progress)))
-    world, workers = new
-    for rank in range(world):
-        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
-        ds._loader_workers = workers
-        ds.load_state_dict(states, elastic=True)
-        rest = ds._epochs.begin(ds._start, workers)
-        ds._progress = rest
-        for w in range(max(1, workers)):
-            for batch, position in ds._reader(rest, w).batches():
-                docs += mixed_documents(batch)
-                rest.record(w, position, 0)
-        carried = ds._carried(1)
-        assert carried is not None
-        following = ds._epochs.begin(carried, workers)
-        for w in range(max(1, workers)):
-            for batch, _ in ds._reader(following, w).batches():
-                docs += mixed_documents(batch)
+    docs = mixture_elastic(root, [200, 200, 200], old, new, steps, window)
     assert docs and max(Counter(docs).values()) == 1
+
+
+def test_a_mixture_resumes_elastically_where_a_source_epoch_ends_mid_window(
+    tmp_path: Path,
+) -> None:
+    """Small sources whose epochs end inside windows: the window an old stream stood in is
+    found again (it ends with the epoch; crossing it, the resume found 3 sequences where the
+    state had delivered 4: InvalidStateError)."""
+    docs = mixture_elastic(tmp_path, [13, 12, 12], (1, 2), (1, 0), [4, 0, 0], 8)
+    counts = Counter(docs)
+    for source, size in enumerate((13, 12, 12)):  # every document of each source read
+        assert all(counts[source * _MIX_SPAN + d] for d in range(size))
 
 
 def test_the_cli_verifies_a_whole_document_state(docs_dir: Path, tmp_path: Path, capsys) -> None:
