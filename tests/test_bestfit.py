@@ -31,8 +31,6 @@ from torch_dataloader_utils import (
     TokenPacking,
 )
 from torch_dataloader_utils.cli import main
-from torch_dataloader_utils.mixing.state import encode_mixture
-from torch_dataloader_utils.planning.epochs import Start
 from torch_dataloader_utils.reading.bestfit import Window, best_fit
 
 SEQ_LEN = 32
@@ -376,37 +374,10 @@ def mixture_elastic(
     ``steps[rank]`` batches), then ``new`` ranks after an elastic resume, then their epoch 1."""
     paths = {f"s{i}": mix_documents(root, f"s{i}", i, n, 3) for i, n in enumerate(docs)}
     packing = TokenPacking("tokens", seq_len=16, pad_id=-1, whole_documents=True, window=window)
-    kwargs = {"weights": {"s0": 3, "s1": 2, "s2": 1}, "batch_size": 2, "epoch_size": 30,
-              "shuffle": True, "packing": packing}  # fmt: skip
-    got: list[int] = []
-    states = []
-    world, workers = old
-    for rank in range(world):
-        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
-        progress = ds._epochs.begin(Start.fresh(0), workers)
-        for w in range(max(1, workers)):
-            for batch, position in itertools.islice(ds._reader(progress, w).batches(), steps[rank]):
-                got += mixed_documents(batch)
-                progress.record(w, position, 0)
-        states.append(_harness.json_round_trip(encode_mixture(ds._epochs, progress)))
-    world, workers = new
-    for rank in range(world):
-        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
-        ds._loader_workers = workers
-        ds.load_state_dict(states, elastic=True)
-        rest = ds._epochs.begin(ds._start, workers)
-        ds._progress = rest
-        for w in range(max(1, workers)):
-            for batch, position in ds._reader(rest, w).batches():
-                got += mixed_documents(batch)
-                rest.record(w, position, 0)
-        carried = ds._carried(1)
-        assert carried is not None
-        following = ds._epochs.begin(carried, workers)
-        for w in range(max(1, workers)):
-            for batch, _ in ds._reader(following, w).batches():
-                got += mixed_documents(batch)
-    return got
+    options = {"weights": {"s0": 3, "s1": 2, "s2": 1}, "batch_size": 2, "epoch_size": 30,
+               "shuffle": True, "packing": packing}  # fmt: skip
+    batches = _harness.mixture_elastic_batches(paths, options, old, new, steps)
+    return [d for batch in batches for d in mixed_documents(batch)]
 
 
 @given(
