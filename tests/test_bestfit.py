@@ -469,3 +469,20 @@ def test_tokenized_text_is_packed_whole(tmp_path: Path) -> None:
                 assert part == [*range(doc * _SPAN, doc * _SPAN + len(part) - 1), eos]
                 seen.append(doc)
     assert sorted(seen) == [d for d, t in enumerate(texts) if len(t.split(":")[1])]
+
+
+def test_a_mixture_continues_under_new_weights(tmp_path: Path) -> None:
+    """``reweight=True``: each source goes on from its window and sequences delivered."""
+    paths, options = mixture(tmp_path, num_workers=2, shuffle=True)
+    loader, _ = StructuredDataset.create_dataloader(paths, **options)
+    it = iter(loader)
+    before = [mixed_documents(next(it)) for _ in range(2)]
+    state = _harness.json_round_trip(loader.state_dict())
+    del it
+    reweighted = options | {"weights": {"s0": 2, "s1": 1}}
+    loader, _ = StructuredDataset.create_dataloader(paths, **reweighted)
+    loader.load_state_dict(state, reweight=True)
+    after = [mixed_documents(batch) for batch in loader]
+    assert after
+    docs = Counter(d for batch in before + after for d in batch)
+    assert max(docs.values()) == 1  # less than a source epoch read: none twice
