@@ -16,6 +16,7 @@ process; ``resume_in_subprocess`` does that.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import os
@@ -31,6 +32,8 @@ import torch
 
 from torch_dataloader_utils import StructuredDataLoader, StructuredDataset
 from torch_dataloader_utils.base.jagged import JaggedArray
+from torch_dataloader_utils.mixing.state import encode_mixture
+from torch_dataloader_utils.planning.epochs import Start
 
 __all__ = [
     "TRANSFORMS",
@@ -196,6 +199,68 @@ def assert_resume_exact(
     assert rest == full[k:]
     assert resume(case, torch_round_trip(state)) == full[k:]
     return state
+
+
+def elastic_run(
+    case: Case, steps: list[int], new_world: int, new_workers: int
+) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Ranks of a ``len(steps)``-rank job each take ``steps[rank]`` batches; every new rank of
+    ``new_world`` (``new_workers`` workers) loads all their states elastically and runs the
+    rest. Returns the old ranks' batches, the new ranks' and the old states."""
+    before, states = [], []
+    for rank, k in enumerate(steps):
+        state, batches = checkpoint_after({**case, "rank": rank, "world_size": len(steps)}, k)
+        states.append(state)
+        before.append(batches)
+    after = []
+    for rank in range(new_world):
+        loader, _ = make_loader(
+            {**case, "rank": rank, "world_size": new_world, "num_workers": new_workers}
+        )
+        loader.load_state_dict(states, elastic=True)
+        after.append(take(loader))
+    return before, after, states
+
+
+def mixture_elastic_batches(
+    paths: Mapping[str, str],
+    options: Mapping[str, Any],
+    old: tuple[int, int],
+    new: tuple[int, int],
+    steps: list[int],
+) -> list[Any]:
+    """A packed mixture's batches: ranks of an ``old`` (world_size, num_workers) job take
+    ``steps[rank]`` batches per worker stream; each rank of a ``new`` job loads every state
+    elastically, delivers the rest of the epoch, then epoch 1 (which goes on from where each
+    stream's sources stood). Worker streams are read in process, one after another."""
+    got: list[Any] = []
+    states = []
+    world, workers = old
+    for rank in range(world):
+        ds = StructuredDataset(dict(paths), rank=rank, world_size=world, **options)
+        progress = ds._epochs.begin(Start.fresh(0), workers)
+        for w in range(max(1, workers)):
+            for batch, position in itertools.islice(ds._reader(progress, w).batches(), steps[rank]):
+                got.append(batch)
+                progress.record(w, position, 0)
+        states.append(json_round_trip(encode_mixture(ds._epochs, progress)))
+    world, workers = new
+    for rank in range(world):
+        ds = StructuredDataset(dict(paths), rank=rank, world_size=world, **options)
+        ds._loader_workers = workers
+        ds.load_state_dict(states, elastic=True)
+        rest = ds._epochs.begin(ds._start, workers)
+        ds._progress = rest
+        for w in range(max(1, workers)):
+            for batch, position in ds._reader(rest, w).batches():
+                got.append(batch)
+                rest.record(w, position, 0)
+        carried = ds._carried(1)
+        assert carried is not None
+        following = ds._epochs.begin(carried, workers)
+        for w in range(max(1, workers)):
+            got += [batch for batch, _ in ds._reader(following, w).batches()]
+    return got
 
 
 # ---------------------------------------------------------------------------- reads

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _harness import torch_round_trip
+from _harness import mixture_elastic_batches, torch_round_trip
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_fuzz import mutate
@@ -960,34 +960,8 @@ def test_a_packed_mixture_resumes_elastically_to_the_token(
     paths = {f"s{i}": write_documents(root, f"s{i}", i, 200, 3) for i in range(3)}
     kwargs = {"weights": {"s0": 3, "s1": 2, "s2": 1}, "batch_size": 2, "epoch_size": 30,
               "packing": TokenPacking("tokens", seq_len=seq_len), "shuffle": True}  # fmt: skip
-    tokens: list[int] = []
-    states = []
-    world, workers = old
-    for rank in range(world):
-        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
-        progress = ds._epochs.begin(Start.fresh(0), workers)
-        for w in range(max(1, workers)):
-            for batch, position in itertools.islice(ds._reader(progress, w).batches(), steps[rank]):
-                tokens += np.asarray(batch["input_ids"]).ravel().tolist()
-                progress.record(w, position, 0)
-        states.append(json.loads(json.dumps(encode_mixture(ds._epochs, progress))))
-    world, workers = new
-    for rank in range(world):
-        ds = StructuredDataset(paths, rank=rank, world_size=world, **kwargs)
-        ds._loader_workers = workers
-        ds.load_state_dict(states, elastic=True)
-        rest = ds._epochs.begin(ds._start, workers)
-        ds._progress = rest
-        for w in range(max(1, workers)):
-            for batch, position in ds._reader(rest, w).batches():
-                tokens += np.asarray(batch["input_ids"]).ravel().tolist()
-                rest.record(w, position, 0)
-        carried = ds._carried(1)  # epoch 1 goes on from where each stream's sources stood
-        assert carried is not None
-        following = ds._epochs.begin(carried, workers)
-        for w in range(max(1, workers)):
-            for batch, _ in ds._reader(following, w).batches():
-                tokens += np.asarray(batch["input_ids"]).ravel().tolist()
+    batches = mixture_elastic_batches(paths, kwargs, old, new, steps)
+    tokens = [t for batch in batches for t in np.asarray(batch["input_ids"]).ravel().tolist()]
     counts = Counter(tokens)
     assert max(counts.values()) == 1
     places: dict[int, list[int]] = {}

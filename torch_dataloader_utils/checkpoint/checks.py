@@ -43,6 +43,17 @@ def check_settings(state: Mapping[str, Any], settings: Settings, elastic: bool) 
         if elastic and name in ELASTIC_FIELDS:
             continue
         check_setting(name, expected, found, stored_split(state))
+    _check_whole(state.get("_whole_documents"), settings.whole_documents, stored_split(state))
+
+
+def _check_whole(expected: dict[str, Any] | None, found: dict[str, Any] | None, split: str) -> None:
+    """Whole-document packing's choices (a position counts the sequences they make): whether it
+    is on, then each choice by name (``whole_documents.window``)."""
+    if expected is None or found is None:
+        check_setting("whole_documents", expected is not None, found is not None, split)
+        return
+    for key in sorted(expected.keys() | found.keys()):
+        check_setting(f"whole_documents.{key}", expected.get(key), found.get(key), split)
 
 
 def check_setting(name: str, expected: object, found: object, split: str) -> None:
@@ -59,6 +70,11 @@ def check_setting(name: str, expected: object, found: object, split: str) -> Non
         hint = (
             " (the text column, the tokenizer's definition or bos_id/eos_id differ: the "
             "checkpoint's token positions would count other tokens)"
+        )
+    if name.startswith("whole_documents"):
+        hint = (
+            " (TokenPacking's whole_documents, seq_len, window and overlong decide which "
+            "sequences a window makes: the checkpoint's positions count those sequences)"
         )
     if name in ELASTIC_FIELDS:
         hint = " (pass elastic=True with every rank's state to re-deal the rest of the epoch)"

@@ -12,6 +12,10 @@ A state is plain JSON-safe builtins::
     _packing                            list | null   TokenPacking.setting
     _tokenize        (only when given)  list          Tokenize.setting: [text column, the
                                                       tokenizer's fingerprint]
+    _whole_documents (only when given)  dict          TokenPacking.whole_setting: {"seq_len",
+                                                      "window", "overlong"}; then a stream's
+                                                      ``tokens`` count the sequences of the
+                                                      window at ``position`` delivered
     files        {"count", "digest", "groups": [[first, last, count, digest], ...], "root"}
     num_splits                          int
     streams      one entry per worker stream of this rank, in worker order:
@@ -123,6 +127,7 @@ class Settings:
     even_batches: bool = False
     packing: list[Any] | None = None  # TokenPacking.setting
     tokenize: list[str] | None = None  # Tokenize.setting
+    whole_documents: dict[str, Any] | None = None  # TokenPacking.whole_setting
 
     @property
     def streams_per_rank(self) -> int:
@@ -313,6 +318,18 @@ def _check_nested(state: Mapping[str, Any]) -> None:
     ):
         raise InvalidStateError(
             f"state key '_packing' must be null or [column, separator], got {packing!r:.200}"
+        )
+    whole = state.get("_whole_documents")
+    if "_whole_documents" in state and not (
+        isinstance(whole, dict)
+        and sorted(whole) == ["overlong", "seq_len", "window"]
+        and type(whole["seq_len"]) is int
+        and type(whole["window"]) is int
+        and isinstance(whole["overlong"], str)
+    ):
+        raise InvalidStateError(
+            f"state key '_whole_documents' must be {{'seq_len': int, 'window': int, "
+            f"'overlong': str}}, got {whole!r:.200}"
         )
     tokenize = state.get("_tokenize")
     if "_tokenize" in state and not (

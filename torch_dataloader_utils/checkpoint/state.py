@@ -70,6 +70,11 @@ def encode(
         "cursor": cursor,
         # only when tokenizing: the states of datasets that do not stay as they were
         **({} if settings.tokenize is None else {"_tokenize": settings.tokenize}),
+        **(
+            {}
+            if settings.whole_documents is None
+            else {"_whole_documents": settings.whole_documents}
+        ),
     }
 
 

@@ -70,8 +70,12 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def _packing(state: Mapping[str, Any]) -> Report:
-    """A packed state's packing setting ([column, separator]); nothing when not packed."""
-    return {} if state["_packing"] is None else {"packing": state["_packing"]}
+    """A packed state's packing setting ([column, separator]) and, packed whole, its
+    ``whole_documents`` choices; nothing when not packed."""
+    whole = state.get("_whole_documents")
+    return ({} if state["_packing"] is None else {"packing": state["_packing"]}) | (
+        {} if whole is None else {"whole_documents": whole}
+    )
 
 
 def _rank(state: Mapping[str, Any]) -> Report:

@@ -118,16 +118,20 @@ def epochs_for(state: Mapping[str, Any], args: argparse.Namespace, path: Sequenc
 
 
 def packing_of(state: Mapping[str, Any]) -> TokenPacking | None:
-    """The token packing ``state`` records (``_packing``: its column and separator).
+    """The token packing ``state`` records (``_packing``: its column and separator; with
+    ``_whole_documents``, the choices that decide a window's sequences).
 
     Those decide which tokens a row makes, so they are all a check of positions needs;
-    ``seq_len`` and ``pad_id`` only shape batches, so any value serves.
+    ``pad_id`` (and ``seq_len`` when documents are cut) only shape batches, so any value serves.
     """
     recorded = state["_packing"]
     if recorded is None:
         return None
+    whole = state.get("_whole_documents")
     try:
         column, separator = recorded
+        if whole is not None:
+            return TokenPacking(column, separator=separator, whole_documents=True, **whole)
         return TokenPacking(column, seq_len=1, separator=separator)
     except (TypeError, ValueError) as exc:
         raise BadInput(

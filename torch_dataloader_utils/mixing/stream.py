@@ -15,7 +15,14 @@ import pyarrow as pa
 from ..base.arrays import IntArray, as_arrow, is_number, numbers
 from ..base.errors import DataSourceError
 from ..planning.plan import Position
-from ..planning.tokens import TokenPacking
+from ..planning.tokens import TokenPacking, TokenPosition
+from ..reading.bestfit import (
+    Documents,
+    WholeDocuments,
+    chunk_documents,
+    delivered_before,
+    left_out,
+)
 from ..reading.packing import Pending, documents, packed_batch
 from ..reading.runs import Chunk
 from ..reading.stream import SourceFiles, chunk_rows
@@ -108,11 +115,18 @@ class MixedSource:
         and the elastic deals of ``MixedEpochs.skips``)."""
         progress, seq_len = self.progress, packing.seq_len
         assert isinstance(start, MixPosition)
-        packers = []
+        packers: list[_Packer | _WholePacker] = []
         stream, workers = progress.stream(self.worker), progress.num_workers
         for s, (row, tokens) in enumerate(start.sources):
-            feed = _Feed(self, s, row, 1, read_ahead)
             describe = functools.partial(self._describe_row, s)
+            if packing.whole_documents:  # windows end with each epoch of the source
+                feed = _Feed(self, s, row, 1, read_ahead, whole=packing)
+                docs = _feed_documents(feed, packing, describe)
+                whole = WholeDocuments(docs, packing, TokenPosition(row, tokens), describe,
+                                       functools.partial(self._epoch_end, s))  # fmt: skip
+                packers.append(_WholePacker(feed, whole))
+                continue
+            feed = _Feed(self, s, row, 1, read_ahead)
             cut = {r: t for r, t in progress.mix.skips(s, stream, workers).items() if r >= row}
             if tokens:
                 cut[row] = tokens
@@ -125,13 +139,22 @@ class MixedSource:
                 hi = min(lo + batch_size, end)
                 mixed = progress.interleave(self.worker, lo, hi)
                 blocks = [p.take(len(n)) for p, n in zip(packers, mixed.places, strict=True)]
-                batch = _mixed_sequences(blocks, mixed, seq_len, position_ids)
+                reals = [p.real for p in packers if isinstance(p, _WholePacker)]
+                real = sum(reals) if packing.whole_documents else None
+                batch = _mixed_sequences(blocks, mixed, seq_len, position_ids, real)
                 if progress.mix.source_column is not None:
                     batch[progress.mix.source_column] = mixed.sources.copy()
                 yield batch, MixPosition(hi, tuple(p.position for p in packers))
         finally:
             for packer in packers:
                 packer.close()
+
+    def _epoch_end(self, source: int, row: int) -> int:
+        """The row (over all the source's epochs) after the last of row ``row``'s epoch."""
+        progress = self.progress
+        place = progress.mix.place(source, progress.stream(self.worker), row,
+                                   progress.num_workers)  # fmt: skip
+        return row - place.offset + place.order.total
 
     def _describe_row(self, source: int, row: int) -> str:
         """Row ``row`` (over all epochs) of source ``source`` of this stream, for errors."""
@@ -148,14 +171,17 @@ class _Feed:
     """One source's rows for one stream, from row ``ordinal`` on, epoch after epoch; rows are
     counted over all its epochs (``MixedEpochs.places_from``). Chunks are record batches; with
     ``as_rows``, a shuffled source's are the ``Rows`` gathered from its window (copied once, by
-    the interleave)."""
+    the interleave). With ``whole`` (whole-document packing), ``delivered`` holds the rows of
+    the current epoch an earlier deal delivered (``reading.bestfit.delivered_before``)."""
 
     def __init__(
         self, mixed: MixedSource, source: int, ordinal: int, min_rows: int, read_ahead: int,
-        *, as_rows: bool = False,
+        *, as_rows: bool = False, whole: TokenPacking | None = None,
     ) -> None:  # fmt: skip
         self._mixed, self._source = mixed, source
         self._min_rows, self._read_ahead, self._as_rows = min_rows, read_ahead, as_rows
+        self._whole = whole
+        self.delivered: IntArray = np.empty(0, dtype=np.int64)
         progress = mixed.progress
         self._places = progress.mix.places_from(
             source, progress.stream(mixed.worker), ordinal, progress.num_workers
@@ -170,6 +196,8 @@ class _Feed:
         self._base -= place.offset
         source = self._mixed.sources[self._source].stream(place.order)
         self._total = place.order.total
+        if self._whole is not None:
+            self.delivered = self._base + delivered_before(source, self._whole)
         return source.chunks(place.offset, self._min_rows, self._read_ahead, rows=self._as_rows)
 
     def next_chunk(self) -> tuple[Chunk, int]:
@@ -248,6 +276,49 @@ class _Packer:
         self._feed.close()
 
 
+class _WholePacker:
+    """One source's documents for one stream, packed whole (``reading.bestfit``): the
+    ``_Packer`` calls, and the real tokens of the sequences last taken."""
+
+    def __init__(self, feed: _Feed, packer: WholeDocuments) -> None:
+        self._feed, self._packer = feed, packer
+        self.real = 0
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """The source's window start (a row over all its epochs), its sequences delivered."""
+        position = self._packer.position
+        return int(position), position.tokens
+
+    def take(self, sequences: int) -> tuple[npt.NDArray[Any], IntArray]:
+        """The tokens of the next ``sequences`` sequences, where documents and paddings start."""
+        tokens, starts, self.real, _ = self._packer.take(sequences)
+        return tokens, starts
+
+    def close(self) -> None:
+        self._feed.close()
+
+
+def _feed_documents(
+    feed: _Feed, packing: TokenPacking, describe: Callable[[int], str]
+) -> Iterator[Documents]:
+    """A source's documents from ``feed``, epoch after epoch (refused once it reads
+    ``_MAX_EMPTY_CHUNKS`` chunks in a row without a token)."""
+    empty_chunks = 0
+    while True:
+        chunk, after = feed.next_chunk()
+        first = after - chunk.num_rows
+        values, lengths = chunk_documents(chunk, packing, first, describe)
+        values, lengths = left_out(values, lengths, first, feed.delivered)
+        empty_chunks = empty_chunks + 1 if not len(values) else 0
+        if empty_chunks > _MAX_EMPTY_CHUNKS:
+            raise DataSourceError(
+                f"{describe(after)}: {empty_chunks} chunks in a row without a token; "
+                f"a packed source needs tokens (or a separator) to make sequences"
+            )
+        yield values, lengths, first
+
+
 def _interleaved(
     parts: list[list[Chunk]], mixed: Interleave, schema: pa.Schema, source_column: str | None
 ) -> pa.RecordBatch:
@@ -314,10 +385,11 @@ def _mixed_sequences(
     mixed: Interleave,
     seq_len: int,
     position_ids: object,
+    real: int | None = None,
 ) -> dict[str, Any]:
     """A packed batch whose sequence ``i`` is the next sequence of source
     ``mixed.sources[i]``: ``blocks[s]`` holds source ``s``'s sequences (tokens, document
-    starts)."""
+    starts); ``real``: its real tokens (``None``: all, no padding)."""
     places = np.concatenate(mixed.places)  # the output row of each sequence, source by source
     tokens = [t for t, _ in blocks if len(t)]
     joined = tokens[0] if len(tokens) == 1 else np.concatenate(tokens)
@@ -328,4 +400,6 @@ def _mixed_sequences(
         rows = first + block_starts // seq_len
         starts.append(places[rows] * seq_len + block_starts % seq_len)
         first += len(block_tokens) // seq_len
-    return packed_batch(out.reshape(-1), np.sort(np.concatenate(starts)), seq_len, position_ids)
+    return packed_batch(
+        out.reshape(-1), np.sort(np.concatenate(starts)), seq_len, position_ids, real=real
+    )

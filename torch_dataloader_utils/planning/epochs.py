@@ -144,6 +144,7 @@ class Epochs:
             even_batches=self.even_batches,
             packing=None if config.packing is None else config.packing.setting,
             tokenize=None if config.tokenize is None else config.tokenize.setting,
+            whole_documents=None if config.packing is None else config.packing.whole_setting,
         )
 
     def plan(self, start: Start, num_workers: int) -> EpochPlan:
@@ -213,6 +214,9 @@ class Epochs:
         plan = self.plan(start, num_workers)
         chosen = range(settings.streams_per_rank) if workers is None else workers
         first = self.rank * plan.num_workers
+        # whole documents: the reader finds an earlier deal's delivered documents itself
+        # (``reading.bestfit``); a position's tokens count sequences, never cut tokens
+        whole = settings.whole_documents is not None
         progress = Progress(
             plan,
             settings,
@@ -232,7 +236,7 @@ class Epochs:
             skips = {
                 row: tokens
                 for row, tokens in plan.stream_skips(first + worker).items()
-                if row >= position
+                if row >= position and not whole
             }
             tokens = position.tokens if isinstance(position, TokenPosition) else 0
             if not tokens and position in skips:

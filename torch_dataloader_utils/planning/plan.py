@@ -205,6 +205,7 @@ class EpochPlan:
     deal: Deal
     previous: EpochPlan | None = None
     skips: Mapping[int, int] = field(default_factory=dict)
+    generation: Generation | None = field(default=None, compare=False)  # previous's ends
 
     @classmethod
     def first(
@@ -251,7 +252,7 @@ class EpochPlan:
                     skips[start + row - first] = count
         return EpochPlan(
             self.epoch, world_size, workers, even, dealt, previous=self,
-            skips=MappingProxyType(skips),
+            skips=MappingProxyType(skips), generation=generation,
         )  # fmt: skip
 
     def stream_share(self, stream: int) -> Pieces:

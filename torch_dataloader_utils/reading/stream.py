@@ -32,6 +32,7 @@ from ..planning.text import Tokenize
 from ..planning.tokens import TokenPacking
 from ..storage.filesystem import Storage
 from ..storage.remote import WINDOW
+from .bestfit import whole_batches
 from .packing import pack_tokens
 from .pieces import Opener, piece_chunks, piece_read
 from .prefetch import prefetch
@@ -167,7 +168,18 @@ class StreamSource:
         position_ids: object = None,
     ) -> Iterator[tuple[dict[str, Any], Position]]:
         """Packed batches of the stream from ``start`` (``planning.tokens.pack_tokens``); ``skips``:
-        tokens of rows of the share an earlier iteration delivered."""
+        tokens of rows of the share an earlier iteration delivered. Whole documents:
+        ``reading.bestfit.whole_batches`` (which finds what earlier deals delivered itself)."""
+        if packing.whole_documents:
+            return whole_batches(
+                self,
+                packing,
+                start=start,
+                batch_size=batch_size,
+                drop_last=drop_last,
+                read_ahead=read_ahead,
+                position_ids=position_ids,
+            )
         return pack_tokens(
             self.chunks(start, 1, read_ahead),
             packing=packing,
