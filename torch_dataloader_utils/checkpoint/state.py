@@ -70,6 +70,7 @@ def encode(
         "cursor": cursor,
         # only when tokenizing: the states of datasets that do not stay as they were
         **({} if settings.tokenize is None else {"_tokenize": settings.tokenize}),
+        **({} if settings.companions is None else {"_companions": settings.companions}),
     }
 
 

@@ -118,17 +118,20 @@ def epochs_for(state: Mapping[str, Any], args: argparse.Namespace, path: Sequenc
 
 
 def packing_of(state: Mapping[str, Any]) -> TokenPacking | None:
-    """The token packing ``state`` records (``_packing``: its column and separator).
+    """The token packing ``state`` records (``_packing``: its column and separator; its
+    ``_companions``).
 
-    Those decide which tokens a row makes, so they are all a check of positions needs;
-    ``seq_len`` and ``pad_id`` only shape batches, so any value serves.
+    Those decide which tokens a row makes (and what a batch carries beside them), so they are
+    all a check of positions needs; ``seq_len`` and ``pad_id`` only shape batches, so any
+    value serves.
     """
     recorded = state["_packing"]
     if recorded is None:
         return None
     try:
         column, separator = recorded
-        return TokenPacking(column, seq_len=1, separator=separator)
+        companions = state.get("_companions") or {}
+        return TokenPacking(column, seq_len=1, separator=separator, companions=companions)
     except (TypeError, ValueError) as exc:
         raise BadInput(
             f"state key '_packing' is {recorded!r}, not [column, separator]: {exc}"

@@ -116,7 +116,8 @@ class MixedSource:
             cut = {r: t for r, t in progress.mix.skips(s, stream, workers).items() if r >= row}
             if tokens:
                 cut[row] = tokens
-            packers.append(_Packer(feed, packing, cut, (row, tokens), describe))
+            locate = functools.partial(self._locate_row, s)
+            packers.append(_Packer(feed, packing, cut, (row, tokens), describe, locate))
         end = (
             self.total if not drop_last else start + (self.total - start) // batch_size * batch_size
         )
@@ -142,6 +143,15 @@ class MixedSource:
             f"source {progress.mix.names[source]!r} epoch {place.epoch}: "
             f"{place.order.describe_at(place.offset + 1)}"
         )
+
+    def _locate_row(self, source: int, row: int) -> str:
+        """The file and row of row ``row`` (over all epochs) of source ``source`` of this
+        stream, for errors."""
+        progress = self.progress
+        place = progress.mix.place(source, progress.stream(self.worker), row,
+                                   progress.num_workers)  # fmt: skip
+        located = self.sources[source].stream(place.order).describe_row(place.offset)
+        return f"source {progress.mix.names[source]!r} epoch {place.epoch}: {located}"
 
 
 class _Feed:
@@ -210,8 +220,10 @@ class _Packer:
     ``position`` (a row over all the source's epochs, and the tokens of it handed out)."""
 
     def __init__(self, feed: _Feed, packing: TokenPacking, skips: Mapping[int, int],
-                 position: tuple[int, int], describe: Callable[[int], str]) -> None:  # fmt: skip
+                 position: tuple[int, int], describe: Callable[[int], str],
+                 locate: Callable[[int], str]) -> None:  # fmt: skip
         self._feed, self._packing, self._describe = feed, packing, describe
+        self._locate = locate  # names a row (over all epochs) by file and row, for errors
         self._skips = skips  # rows (over all epochs) whose first tokens were delivered before
         self._pending: Pending | None = None
         self.position = position
@@ -225,8 +237,9 @@ class _Packer:
         while self._pending is None or self._pending.size < need:
             chunk, after = self._feed.next_chunk()
             tokens, rows, starts, skipped = documents(
-                chunk, self._packing, after - chunk.num_rows, self._skips, self._describe
-            )
+                chunk, self._packing, after - chunk.num_rows, self._skips, self._describe,
+                self._locate,
+            )  # fmt: skip
             if self._pending is None:
                 self._pending = Pending([], rows[:0], starts[:0], skipped[:0])
             self._pending.extend(tokens, rows, starts, skipped)

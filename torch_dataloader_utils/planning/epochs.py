@@ -144,6 +144,7 @@ class Epochs:
             even_batches=self.even_batches,
             packing=None if config.packing is None else config.packing.setting,
             tokenize=None if config.tokenize is None else config.tokenize.setting,
+            companions=None if config.packing is None else config.packing.companion_setting,
         )
 
     def plan(self, start: Start, num_workers: int) -> EpochPlan:

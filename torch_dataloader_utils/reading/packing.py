@@ -6,6 +6,11 @@ given), form one token sequence, cut into batches of ``batch_size`` sequences of
 position after a batch is a ``TokenPosition`` (``planning.tokens``), so resuming there skips exactly
 the tokens delivered.
 
+With companions (``TokenPacking.companions``) each token travels as a record: a structured
+numpy array with a field per delivered key (``input_ids``, then each companion), so that every
+cut, skip, join and scatter moves a token and its companions together; ``packed_batch`` splits
+the records into one array per key.
+
 Everything runs on whole chunks with numpy; no Python per row or per token.
 """
 
@@ -19,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..base.arrays import IntArray
 from ..base.errors import DataSourceError, InvalidStateError
@@ -109,6 +115,7 @@ def pack_tokens(
     skips: Mapping[int, int],
     end: int,
     describe: Callable[[int], str],
+    describe_row: Callable[[int], str] | None = None,
     position_ids: object = None,
 ) -> Iterator[tuple[dict[str, Any], TokenPosition]]:
     """Packed batches of numpy arrays from a stream's ``chunks``, each with the position after
@@ -118,14 +125,17 @@ def pack_tokens(
     ``skips[row]`` tokens of stream row ``row`` were delivered before (a checkpoint's cut
     documents). The last full batch stands for the end of the stream (``end`` rows) when no
     token follows it or ``drop_last`` drops them; otherwise a last, padded batch follows.
-    ``describe(position)`` names the split of a position, for errors.
+    ``describe(position)`` names the split of a position, ``describe_row(row)`` the file and
+    row of stream row ``row``, for errors.
     """
     need, seq_len = batch_size * packing.seq_len, packing.seq_len
     pending: Pending | None = None
     held: tuple[dict[str, Any], TokenPosition] | None = None
     for chunk, after in chunks:
         first = after - chunk.num_rows
-        tokens, rows, starts, skipped = documents(chunk, packing, first, skips, describe)
+        tokens, rows, starts, skipped = documents(
+            chunk, packing, first, skips, describe, describe_row
+        )
         if pending is None:
             pending = Pending([], rows[:0], starts[:0], skipped[:0])
         pending.extend(tokens, rows, starts, skipped)
@@ -144,7 +154,7 @@ def pack_tokens(
         yield held[0], (TokenPosition(end) if rest == 0 or drop_last else held[1])
     if rest and not drop_last and pending is not None:
         real = pending.tokens(0, rest)
-        tokens = np.full(-(-rest // seq_len) * seq_len, packing.pad_id, real.dtype)
+        tokens = np.full(-(-rest // seq_len) * seq_len, _record(packing.pad_id, packing, real))
         tokens[:rest] = real
         starts = np.append(pending.starts_within(0, rest), rest)  # the padding: a part of its own
         yield packed_batch(tokens, starts, seq_len, position_ids, real=rest), TokenPosition(end)
@@ -156,9 +166,11 @@ def documents(
     first: int,
     skips: Mapping[int, int],
     describe: Callable[[int], str],
+    describe_row: Callable[[int], str] | None = None,
 ) -> tuple[npt.NDArray[Any], IntArray, IntArray, IntArray]:
-    """A chunk's tokens (separators inserted, skipped tokens removed), and per row: its stream
-    row, its first token, the tokens skipped."""
+    """A chunk's tokens (separators inserted, skipped tokens removed; records with the
+    companions), and per row: its stream row, its first token, the tokens skipped.
+    ``describe_row`` names a stream row (by its split, ``describe``, when not given)."""
     column = chunk.column(packing.column)
     offsets = column.offsets.to_numpy().astype(np.int64, copy=False)
     child = column.values.slice(offsets[0], offsets[-1] - offsets[0])
@@ -170,8 +182,13 @@ def documents(
     # writable: a read-only view of Arrow's buffer would reach the user without a separator
     values = child.to_numpy(zero_copy_only=False, writable=packing.separator is None)
     lengths = np.diff(offsets)
+    if packing.companions:
+        named = describe_row or (lambda row: f"row {row} of split {describe(row + 1)}")
+        values = _with_companions(chunk, packing, values, lengths, lambda i: named(first + i))
     if packing.separator is not None:
-        values = np.insert(values, offsets[1:] - offsets[0], packing.separator)
+        values = np.insert(
+            values, offsets[1:] - offsets[0], _record(packing.separator, packing, values)
+        )
         lengths = lengths + 1
     starts = np.cumsum(lengths) - lengths
     rows = np.arange(first, first + len(lengths), dtype=np.int64)
@@ -195,6 +212,67 @@ def documents(
     return values, rows, starts, skipped
 
 
+def _with_companions(
+    chunk: pa.RecordBatch,
+    packing: TokenPacking,
+    tokens: npt.NDArray[Any],
+    lengths: IntArray,
+    describe: Callable[[int], str],
+) -> npt.NDArray[Any]:
+    """``tokens`` (of rows of ``lengths``) as records with the chunk's companion values; a
+    companion row whose length differs, or a null, is an error naming the chunk's row
+    (``describe``)."""
+    fields: list[tuple[str, npt.NDArray[Any]]] = [("input_ids", tokens)]
+    for name in packing.companions:
+        column = chunk.column(name)
+        offsets = column.offsets.to_numpy().astype(np.int64, copy=False)
+        child = column.values.slice(offsets[0], offsets[-1] - offsets[0])
+        differ = np.flatnonzero(np.diff(offsets) != lengths)
+        if column.null_count or child.null_count or len(differ):
+            raise _misaligned(column, offsets, lengths, differ, packing, name, describe)
+        fields.append((name, child.to_numpy(zero_copy_only=False)))
+    records = np.empty(len(tokens), dtype=[(name, values.dtype) for name, values in fields])
+    for name, values in fields:
+        records[name] = values
+    return records
+
+
+def _misaligned(
+    column: pa.Array,
+    offsets: IntArray,
+    lengths: IntArray,
+    differ: IntArray,
+    packing: TokenPacking,
+    name: str,
+    describe: Callable[[int], str],
+) -> DataSourceError:
+    """The error of a companion column with a null, or with a row whose length differs from
+    its tokens' (the first such row named). The error path only."""
+    nulls = np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))
+    inner = column.flatten().is_null().to_numpy(zero_copy_only=False)
+    parents = pc.list_parent_indices(column).to_numpy()[inner]  # rows with a null value
+    null = min([*nulls[:1].tolist(), *parents[:1].tolist()], default=None)
+    if null is not None and (not len(differ) or null <= differ[0]):
+        return DataSourceError(
+            f"{describe(null)}: companion column {name!r} holds a null; packing needs one "
+            f"value per token of column {packing.column!r} in every row"
+        )
+    row = int(differ[0])
+    return DataSourceError(
+        f"{describe(row)}: companion column {name!r} holds {offsets[row + 1] - offsets[row]} "
+        f"values where column {packing.column!r} holds {lengths[row]} tokens; packing needs "
+        f"one value of each companion per token, in every row"
+    )
+
+
+def _record(value: int, packing: TokenPacking, like: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """What stands at a separator's (``value``: ``separator``) or padding's (``pad_id``)
+    place among tokens like ``like``: the token ``value``, with each companion's pad."""
+    if like.dtype.names is None:
+        return np.array(value, dtype=like.dtype)
+    return np.array((value, *packing.companions.values()), dtype=like.dtype)
+
+
 def packed_batch(
     tokens: npt.NDArray[Any],
     starts: IntArray,
@@ -212,14 +290,24 @@ def packed_batch(
     parts = np.concatenate((starts[starts < size], np.arange(0, size, seq_len)))
     parts.sort()
     bounds = np.append(parts[np.append(True, parts[1:] != parts[:-1])], size)
-    return {
-        "input_ids": tokens.reshape(-1, seq_len),
+    fields = tokens.dtype.names or ()
+    batch = {
+        "input_ids": _field(tokens, "input_ids" if fields else None, seq_len),
         "position_ids": positions_from_bounds(bounds, seq_len)
         if position_ids is None
         else position_ids,
         "cu_seqlens": bounds.astype(np.int32),
         "num_tokens": size if real is None else real,
     }
+    for name in fields[1:]:  # the companions, in the order given
+        batch[name] = _field(tokens, name, seq_len)
+    return batch
+
+
+def _field(tokens: npt.NDArray[Any], name: str | None, seq_len: int) -> npt.NDArray[Any]:
+    """``tokens`` (``name``: their records' field) as ``(batch, seq_len)`` values."""
+    values = tokens if name is None else np.ascontiguousarray(tokens[name])
+    return values.reshape(-1, seq_len)
 
 
 def positions_from_bounds(bounds: npt.NDArray[Any], seq_len: int) -> IntArray:
