@@ -9,14 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 
 from ..base.arrays import IntArray, as_arrow, is_number, numbers
 from ..base.errors import DataSourceError
 from ..planning.plan import Position
 from ..planning.tokens import TokenPacking
-from ..reading.packing import Pending, documents, packed_batch
+from ..reading.packing import Columns, Pending, documents, named_companions, packed_batch
 from ..reading.runs import Chunk
 from ..reading.stream import SourceFiles, chunk_rows
 from ..reading.window import Rows, gather
@@ -106,7 +105,7 @@ class MixedSource:
         source packs its own documents, and the schedule deals the sequences. ``skips`` is
         for one dataset's stream: a mixture's packers know their own cut documents (``start``
         and the elastic deals of ``MixedEpochs.skips``)."""
-        progress, seq_len = self.progress, packing.seq_len
+        progress = self.progress
         assert isinstance(start, MixPosition)
         packers = []
         stream, workers = progress.stream(self.worker), progress.num_workers
@@ -126,7 +125,7 @@ class MixedSource:
                 hi = min(lo + batch_size, end)
                 mixed = progress.interleave(self.worker, lo, hi)
                 blocks = [p.take(len(n)) for p, n in zip(packers, mixed.places, strict=True)]
-                batch = _mixed_sequences(blocks, mixed, seq_len, position_ids)
+                batch = _mixed_sequences(blocks, mixed, packing, position_ids)
                 if progress.mix.source_column is not None:
                     batch[progress.mix.source_column] = mixed.sources.copy()
                 yield batch, MixPosition(hi, tuple(p.position for p in packers))
@@ -228,11 +227,13 @@ class _Packer:
         self._pending: Pending | None = None
         self.position = position
 
-    def take(self, sequences: int) -> tuple[npt.NDArray[Any], IntArray]:
-        """The tokens of the next ``sequences`` sequences, and where documents start in them."""
+    def take(self, sequences: int) -> tuple[Columns, IntArray]:
+        """The tokens (and companions) of the next ``sequences`` sequences, and where
+        documents start in them."""
         need = sequences * self._packing.seq_len
         if not need:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+            empty = np.empty(0, dtype=np.int64)
+            return (empty,) * (1 + len(self._packing.companions)), empty
         empty_chunks = 0
         while self._pending is None or self._pending.size < need:
             chunk, after = self._feed.next_chunk()
@@ -243,7 +244,7 @@ class _Packer:
             if self._pending is None:
                 self._pending = Pending([], rows[:0], starts[:0], skipped[:0])
             self._pending.extend(tokens, rows, starts, skipped)
-            empty_chunks = empty_chunks + 1 if not len(tokens) else 0
+            empty_chunks = empty_chunks + 1 if not len(tokens[0]) else 0
             if empty_chunks > _MAX_EMPTY_CHUNKS:
                 raise DataSourceError(
                     f"{self._describe(after)}: {empty_chunks} chunks in a row without a token; "
@@ -323,22 +324,29 @@ def _column(
 
 
 def _mixed_sequences(
-    blocks: list[tuple[npt.NDArray[Any], IntArray]],
+    blocks: list[tuple[Columns, IntArray]],
     mixed: Interleave,
-    seq_len: int,
+    packing: TokenPacking,
     position_ids: object,
 ) -> dict[str, Any]:
     """A packed batch whose sequence ``i`` is the next sequence of source
-    ``mixed.sources[i]``: ``blocks[s]`` holds source ``s``'s sequences (tokens, document
-    starts)."""
+    ``mixed.sources[i]``: ``blocks[s]`` holds source ``s``'s sequences (tokens and their
+    companions, document starts)."""
+    seq_len = packing.seq_len
     places = np.concatenate(mixed.places)  # the output row of each sequence, source by source
-    tokens = [t for t, _ in blocks if len(t)]
-    joined = tokens[0] if len(tokens) == 1 else np.concatenate(tokens)
-    out = np.empty((len(places), seq_len), dtype=joined.dtype)
-    out[places] = joined.reshape(-1, seq_len)
+    present = [columns for columns, _ in blocks if len(columns[0])]
+    out = []
+    for parts in zip(*present, strict=True):  # the tokens, then each companion
+        joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        column = np.empty((len(places), seq_len), dtype=joined.dtype)
+        column[places] = joined.reshape(-1, seq_len)
+        out.append(column.reshape(-1))
     starts, first = [], 0
-    for block_tokens, block_starts in blocks:
+    for (block_tokens, *_), block_starts in blocks:
         rows = first + block_starts // seq_len
         starts.append(places[rows] * seq_len + block_starts % seq_len)
         first += len(block_tokens) // seq_len
-    return packed_batch(out.reshape(-1), np.sort(np.concatenate(starts)), seq_len, position_ids)
+    return packed_batch(
+        out[0], np.sort(np.concatenate(starts)), seq_len, position_ids,
+        companions=named_companions(packing, tuple(out)),
+    )  # fmt: skip

@@ -6,10 +6,9 @@ given), form one token sequence, cut into batches of ``batch_size`` sequences of
 position after a batch is a ``TokenPosition`` (``planning.tokens``), so resuming there skips exactly
 the tokens delivered.
 
-With companions (``TokenPacking.companions``) each token travels as a record: a structured
-numpy array with a field per delivered key (``input_ids``, then each companion), so that every
-cut, skip, join and scatter moves a token and its companions together; ``packed_batch`` splits
-the records into one array per key.
+With companions (``TokenPacking.companions``) the tokens are ``Columns``: the token array and
+each companion's, of one length, cut, skipped, joined and scattered alike (separators get each
+companion's pad), so a batch holds each companion aligned with its tokens.
 
 Everything runs on whole chunks with numpy; no Python per row or per token.
 """
@@ -31,19 +30,25 @@ from ..base.errors import DataSourceError, InvalidStateError
 from ..planning.tokens import TokenPacking, TokenPosition
 
 __all__ = [
+    "Columns",
     "Pending",
     "documents",
+    "named_companions",
     "pack_tokens",
     "packed_batch",
     "positions_from_bounds",
 ]
 
 
+# Tokens (the first array) and their companions' values, aligned (``TokenPacking.companions``).
+Columns = tuple[npt.NDArray[Any], ...]
+
+
 @dataclass
 class Pending:
     """Tokens read but not yet in a batch (the chunks' arrays, not joined: a batch is a view
-    of one unless it spans two), and the documents they come from (one entry per row, empty
-    ones too): its stream row, its first token, the tokens skipped before.
+    of one unless it spans two), with their companions, and the documents they come from (one
+    entry per row, empty ones too): its stream row, its first token, the tokens skipped before.
 
     Invariant: ``starts`` is non-decreasing within ``[0, size]``; document ``i``'s pending
     tokens are ``[starts[i], starts[i + 1])`` (the last one's run to ``size``), and
@@ -53,32 +58,34 @@ class Pending:
     (``position_after``); ``drop`` keeps the invariant for the tokens left.
     """
 
-    parts: list[npt.NDArray[Any]]
+    parts: list[Columns]
     rows: IntArray
     starts: IntArray
     skipped: IntArray
 
     @property
     def size(self) -> int:
-        return sum(len(part) for part in self.parts)
+        return sum(len(part[0]) for part in self.parts)
 
-    def extend(
-        self, tokens: npt.NDArray[Any], rows: IntArray, starts: IntArray, skipped: IntArray
-    ) -> None:
+    def extend(self, tokens: Columns, rows: IntArray, starts: IntArray, skipped: IntArray) -> None:
         self.starts = np.concatenate([self.starts, starts + self.size])
         self.parts.append(tokens)
         self.rows = np.concatenate([self.rows, rows])
         self.skipped = np.concatenate([self.skipped, skipped])
 
-    def tokens(self, lo: int, size: int) -> npt.NDArray[Any]:
-        """Pending tokens ``[lo, lo + size)``: a view, or a copy where they span parts."""
-        pieces = [self.parts[0][:0]]  # what an empty range is: no tokens of their type
+    def tokens(self, lo: int, size: int) -> Columns:
+        """Pending tokens ``[lo, lo + size)`` and their companions: views, or copies where
+        they span parts."""
+        # what an empty range is: no tokens of their type
+        pieces = [tuple(column[:0] for column in self.parts[0])]
         for part in self.parts:
-            if lo < len(part) and size > 0:
-                pieces.append(part[lo : lo + size])
-                size -= len(pieces[-1])
-            lo = max(0, lo - len(part))
-        return pieces[-1] if len(pieces) <= 2 else np.concatenate(pieces)
+            if lo < len(part[0]) and size > 0:
+                pieces.append(tuple(column[lo : lo + size] for column in part))
+                size -= len(pieces[-1][0])
+            lo = max(0, lo - len(part[0]))
+        if len(pieces) <= 2:
+            return pieces[-1]
+        return tuple(np.concatenate(column) for column in zip(*pieces, strict=True))
 
     def starts_within(self, lo: int, size: int) -> IntArray:
         """Where documents start among pending tokens ``[lo, lo + size)``, from ``lo``."""
@@ -143,9 +150,11 @@ def pack_tokens(
         for lo in range(0, whole, need):
             if held is not None:
                 yield held
+            columns = pending.tokens(lo, need)
             batch = packed_batch(
-                pending.tokens(lo, need), pending.starts_within(lo, need), seq_len, position_ids
-            )
+                columns[0], pending.starts_within(lo, need), seq_len, position_ids,
+                companions=named_companions(packing, columns),
+            )  # fmt: skip
             held = batch, pending.position_after(lo + need)
         if whole:
             pending.drop(whole)
@@ -153,11 +162,15 @@ def pack_tokens(
     if held is not None:
         yield held[0], (TokenPosition(end) if rest == 0 or drop_last else held[1])
     if rest and not drop_last and pending is not None:
-        real = pending.tokens(0, rest)
-        tokens = np.full(-(-rest // seq_len) * seq_len, _record(packing.pad_id, packing, real))
-        tokens[:rest] = real
+        size = -(-rest // seq_len) * seq_len
+        padded = []
+        for real, pad in zip(pending.tokens(0, rest), _pads(packing, packing.pad_id), strict=True):
+            padded.append(np.full(size, pad, real.dtype))
+            padded[-1][:rest] = real
         starts = np.append(pending.starts_within(0, rest), rest)  # the padding: a part of its own
-        yield packed_batch(tokens, starts, seq_len, position_ids, real=rest), TokenPosition(end)
+        companions = named_companions(packing, tuple(padded))
+        batch = packed_batch(padded[0], starts, seq_len, position_ids, rest, companions)
+        yield batch, TokenPosition(end)
 
 
 def documents(
@@ -167,9 +180,9 @@ def documents(
     skips: Mapping[int, int],
     describe: Callable[[int], str],
     describe_row: Callable[[int], str] | None = None,
-) -> tuple[npt.NDArray[Any], IntArray, IntArray, IntArray]:
-    """A chunk's tokens (separators inserted, skipped tokens removed; records with the
-    companions), and per row: its stream row, its first token, the tokens skipped.
+) -> tuple[Columns, IntArray, IntArray, IntArray]:
+    """A chunk's tokens and their companions (separators and their pads inserted, skipped
+    tokens removed), and per row: its stream row, its first token, the tokens skipped.
     ``describe_row`` names a stream row (by its split, ``describe``, when not given)."""
     column = chunk.column(packing.column)
     offsets = column.offsets.to_numpy().astype(np.int64, copy=False)
@@ -180,22 +193,23 @@ def documents(
             f"documents or tokens; packing needs every row to be a list of token ids"
         )
     # writable: a read-only view of Arrow's buffer would reach the user without a separator
-    values = child.to_numpy(zero_copy_only=False, writable=packing.separator is None)
+    writable = packing.separator is None
+    columns = [child.to_numpy(zero_copy_only=False, writable=writable)]
     lengths = np.diff(offsets)
     if packing.companions:
         named = describe_row or (lambda row: f"row {row} of split {describe(row + 1)}")
-        values = _with_companions(chunk, packing, values, lengths, lambda i: named(first + i))
+        columns += _companion_values(chunk, packing, lengths, lambda i: named(first + i))
     if packing.separator is not None:
-        values = np.insert(
-            values, offsets[1:] - offsets[0], _record(packing.separator, packing, values)
-        )
+        at = offsets[1:] - offsets[0]
+        pads = _pads(packing, packing.separator)
+        columns = [np.insert(c, at, pad) for c, pad in zip(columns, pads, strict=True)]
         lengths = lengths + 1
     starts = np.cumsum(lengths) - lengths
     rows = np.arange(first, first + len(lengths), dtype=np.int64)
     skipped = np.zeros(len(lengths), dtype=np.int64)
     inside = [(row, count) for row, count in skips.items() if first <= row < first + len(rows)]
     if inside:
-        keep = np.ones(len(values), dtype=bool)
+        keep = np.ones(len(columns[0]), dtype=bool)
         for row, count in inside:
             i = row - first
             if count > lengths[i]:
@@ -206,23 +220,22 @@ def documents(
                 )
             keep[starts[i] : starts[i] + count] = False
             skipped[i] = count
-        values = values[keep]
+        columns = [column[keep] for column in columns]
         lengths = lengths - skipped
         starts = np.cumsum(lengths) - lengths
-    return values, rows, starts, skipped
+    return tuple(columns), rows, starts, skipped
 
 
-def _with_companions(
+def _companion_values(
     chunk: pa.RecordBatch,
     packing: TokenPacking,
-    tokens: npt.NDArray[Any],
     lengths: IntArray,
     describe: Callable[[int], str],
-) -> npt.NDArray[Any]:
-    """``tokens`` (of rows of ``lengths``) as records with the chunk's companion values; a
+) -> list[npt.NDArray[Any]]:
+    """The chunk's companion values, each aligned with its rows' tokens (of ``lengths``); a
     companion row whose length differs, or a null, is an error naming the chunk's row
     (``describe``)."""
-    fields: list[tuple[str, npt.NDArray[Any]]] = [("input_ids", tokens)]
+    out = []
     for name in packing.companions:
         column = chunk.column(name)
         offsets = column.offsets.to_numpy().astype(np.int64, copy=False)
@@ -230,11 +243,8 @@ def _with_companions(
         differ = np.flatnonzero(np.diff(offsets) != lengths)
         if column.null_count or child.null_count or len(differ):
             raise _misaligned(column, offsets, lengths, differ, packing, name, describe)
-        fields.append((name, child.to_numpy(zero_copy_only=False)))
-    records = np.empty(len(tokens), dtype=[(name, values.dtype) for name, values in fields])
-    for name, values in fields:
-        records[name] = values
-    return records
+        out.append(child.to_numpy(zero_copy_only=False, writable=packing.separator is None))
+    return out
 
 
 def _misaligned(
@@ -265,12 +275,15 @@ def _misaligned(
     )
 
 
-def _record(value: int, packing: TokenPacking, like: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """What stands at a separator's (``value``: ``separator``) or padding's (``pad_id``)
-    place among tokens like ``like``: the token ``value``, with each companion's pad."""
-    if like.dtype.names is None:
-        return np.array(value, dtype=like.dtype)
-    return np.array((value, *packing.companions.values()), dtype=like.dtype)
+def _pads(packing: TokenPacking, token: int) -> tuple[int, ...]:
+    """What stands at a separator's (``token``: ``separator``) or padding's (``pad_id``)
+    place: the token, then each companion's pad."""
+    return (token, *packing.companions.values())
+
+
+def named_companions(packing: TokenPacking, columns: Columns) -> dict[str, npt.NDArray[Any]]:
+    """The companions among ``columns`` (after the tokens), by name."""
+    return dict(zip(packing.companions, columns[1:], strict=True))
 
 
 def packed_batch(
@@ -279,9 +292,11 @@ def packed_batch(
     seq_len: int,
     position_ids: object = None,
     real: int | None = None,
+    companions: Mapping[str, npt.NDArray[Any]] | None = None,
 ) -> dict[str, Any]:
     """One batch of ``tokens`` (whole sequences; after the first ``real``, padding) whose
-    documents start at ``starts``: its parts are the documents cut at sequence boundaries.
+    documents start at ``starts``: its parts are the documents cut at sequence boundaries;
+    then the ``companions`` (values aligned with ``tokens``), shaped alike.
 
     Every part holds a token: a start at ``size`` (the padding of a stream whose tokens fill
     its last batch exactly) would make a zero-length part, which varlen attention refuses.
@@ -290,24 +305,17 @@ def packed_batch(
     parts = np.concatenate((starts[starts < size], np.arange(0, size, seq_len)))
     parts.sort()
     bounds = np.append(parts[np.append(True, parts[1:] != parts[:-1])], size)
-    fields = tokens.dtype.names or ()
     batch = {
-        "input_ids": _field(tokens, "input_ids" if fields else None, seq_len),
+        "input_ids": tokens.reshape(-1, seq_len),
         "position_ids": positions_from_bounds(bounds, seq_len)
         if position_ids is None
         else position_ids,
         "cu_seqlens": bounds.astype(np.int32),
         "num_tokens": size if real is None else real,
     }
-    for name in fields[1:]:  # the companions, in the order given
-        batch[name] = _field(tokens, name, seq_len)
+    for name, values in (companions or {}).items():
+        batch[name] = values.reshape(-1, seq_len)
     return batch
-
-
-def _field(tokens: npt.NDArray[Any], name: str | None, seq_len: int) -> npt.NDArray[Any]:
-    """``tokens`` (``name``: their records' field) as ``(batch, seq_len)`` values."""
-    values = tokens if name is None else np.ascontiguousarray(tokens[name])
-    return values.reshape(-1, seq_len)
 
 
 def positions_from_bounds(bounds: npt.NDArray[Any], seq_len: int) -> IntArray:
