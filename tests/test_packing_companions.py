@@ -37,6 +37,7 @@ from torch_dataloader_utils.cli import main
 
 SEP, PAD, SPAN = -1, -2, 10_000
 PADS = {"labels": -100, "mask": 0}
+KEYS = ["input_ids", "position_ids", "cu_seqlens", "num_tokens", "labels", "mask"]
 PACKING = TokenPacking("tokens", seq_len=8, separator=SEP, pad_id=PAD, companions=PADS)
 
 
@@ -140,8 +141,7 @@ def test_companions_are_the_rows_concatenated_and_cut(docs_dir: Path, lengths) -
     model["labels"] += [PADS["labels"]] * (padded - real)
     model["mask"] += [PADS["mask"]] * (padded - real)
     for number, batch in enumerate(batches):
-        assert list(batch) == ["input_ids", "position_ids", "cu_seqlens", "num_tokens", "labels",
-                               "mask"]  # fmt: skip
+        assert list(batch) == KEYS
         lo, rows = number * 24, len(batch["input_ids"][1])
         for key, name, dtype in (("tokens", "input_ids", "torch.int64"),
                                  ("labels", "labels", "torch.int64"),
@@ -163,6 +163,7 @@ def test_companions_follow_their_tokens(docs_dir: Path, num_workers, shuffle, dr
     plain = _harness.run_epoch(case(docs_dir, companions={}, **options))
     assert without_companions(with_them) == plain and len(plain) > 10
     assert_companions_follow(with_them)
+    assert all(list(batch) == KEYS for batch in with_them)
 
 
 def test_numpy_output_and_large_list_companions(tmp_path: Path) -> None:
@@ -267,6 +268,13 @@ def test_a_mixture_packs_each_sources_companions(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------- bad input
 
 
+# What a row whose labels are one short of its tokens raises (row 2 of write_misaligned's file).
+MISALIGNED = (
+    r"bad.parquet, row group 1, row 2: companion column 'labels' holds 2 values where column "
+    r"'tokens' holds 3 tokens"
+)
+
+
 def write_misaligned(root: Path) -> Path:
     root.mkdir()
     table = pa.table({
@@ -284,11 +292,7 @@ def test_a_row_of_other_lengths_names_file_row_and_columns(tmp_path: Path, num_w
     loader, _ = StructuredDataset.create_dataloader(
         str(root), batch_size=1, packing=PACKING, num_workers=num_workers
     )
-    with pytest.raises(
-        DataSourceError,
-        match=r"bad.parquet, row group 1, row 2: companion column 'labels' holds 2 values where "
-        r"column 'tokens' holds 3 tokens",
-    ):
+    with pytest.raises(DataSourceError, match=MISALIGNED):
         list(loader)
 
 
@@ -299,11 +303,7 @@ def test_a_misaligned_row_of_a_mixture_names_its_source(tmp_path: Path) -> None:
         {"good": str(good), "bad": str(bad)}, weights={"good": 1, "bad": 1}, epoch_size=8,
         batch_size=2, packing=TokenPacking("tokens", seq_len=2, companions=PADS),
     )  # fmt: skip
-    with pytest.raises(
-        DataSourceError,
-        match=r"source 'bad' epoch 0: .*bad.parquet, row group 1, row 2: companion column "
-        r"'labels' holds 2 values where column 'tokens' holds 3 tokens",
-    ):
+    with pytest.raises(DataSourceError, match=r"source 'bad' epoch 0: .*" + MISALIGNED):
         list(dataset)
 
 
