@@ -122,7 +122,7 @@ def pack_tokens(
     skips: Mapping[int, int],
     end: int,
     describe: Callable[[int], str],
-    describe_row: Callable[[int], str] | None = None,
+    describe_row: Callable[[int], str],
     position_ids: object = None,
 ) -> Iterator[tuple[dict[str, Any], TokenPosition]]:
     """Packed batches of numpy arrays from a stream's ``chunks``, each with the position after
@@ -179,11 +179,12 @@ def documents(
     first: int,
     skips: Mapping[int, int],
     describe: Callable[[int], str],
-    describe_row: Callable[[int], str] | None = None,
+    describe_row: Callable[[int], str],
 ) -> tuple[Columns, IntArray, IntArray, IntArray]:
     """A chunk's tokens and their companions (separators and their pads inserted, skipped
     tokens removed), and per row: its stream row, its first token, the tokens skipped.
-    ``describe_row`` names a stream row (by its split, ``describe``, when not given)."""
+    ``describe(position)`` names the split of a position, ``describe_row(row)`` a stream
+    row's file and row, for errors."""
     column = chunk.column(packing.column)
     offsets = column.offsets.to_numpy().astype(np.int64, copy=False)
     child = column.values.slice(offsets[0], offsets[-1] - offsets[0])
@@ -197,8 +198,7 @@ def documents(
     columns = [child.to_numpy(zero_copy_only=False, writable=writable)]
     lengths = np.diff(offsets)
     if packing.companions:
-        named = describe_row or (lambda row: f"row {row} of split {describe(row + 1)}")
-        columns += _companion_values(chunk, packing, lengths, lambda i: named(first + i))
+        columns += _companion_values(chunk, packing, lengths, lambda i: describe_row(first + i))
     if packing.separator is not None:
         at = offsets[1:] - offsets[0]
         pads = _pads(packing, packing.separator)
