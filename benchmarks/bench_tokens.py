@@ -13,6 +13,10 @@ Generated data (cached under ``bench_output/tokens``): 4 Parquet files x 50,000 
 * ``packed w0`` / ``packed w2``: the same with ``packing=TokenPacking("input_ids",
   seq_len=2048, separator=50257)`` and ``batch_size=128`` sequences (262,144 tokens a batch,
   as many as a 1,024-row batch holds); the separators counted as documents;
+* ``packed+labels w0`` / ``w2``: packed as above, with a companion column ``labels``
+  (``list<int64>``, one value per token, ~30 % of them -100) cut and padded in lockstep
+  (``companions={"labels": -100}``), from a copy of the files with that column (cached under
+  ``bench_output/tokens-labels``); the figure to hold beside ``packed w0`` / ``w2``;
 * ``ours w2 steady`` / ``packed w2 steady``: one loader each with ``num_workers=2,
   persistent_workers=True``, made and run once untimed; each timed run is one more epoch. The
   steady state of a long run, where workers start once (here the epoch is ~0.4 s, and starting
@@ -54,6 +58,7 @@ TARGET = 0.8
 # row), so both paths pay the same per-batch costs (the DataLoader's own are ~30 us a batch).
 SEQ_LEN, SEQUENCES, EOS = 2048, 128, 50_257  # an id the generated tokens never take
 PACKING = TokenPacking("input_ids", seq_len=SEQ_LEN, separator=EOS)
+LABELED = TokenPacking("input_ids", seq_len=SEQ_LEN, separator=EOS, companions={"labels": -100})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,23 +73,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def token_files(args: argparse.Namespace) -> list[str]:
+def token_files(args: argparse.Namespace, labels: bool = False) -> list[str]:
+    """The generated files (``labels``: with the companion column, in their own directory)."""
     wanted = {"kind": "tokens", "files": args.files, "rows": args.rows, "lengths": [16, 511],
-              "row_group_rows": args.row_group_rows, "seed": 0}  # fmt: skip
+              "row_group_rows": args.row_group_rows, "seed": 0,
+              **({"labels": True} if labels else {})}  # fmt: skip
 
     def write(root: Path) -> None:
         for number in range(args.files):
             rng = np.random.default_rng([0, number])
             lengths = rng.integers(16, 512, args.rows)
-            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-            values = rng.integers(0, 50_257, int(offsets[-1]), dtype=np.int32)
-            ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+            offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+            values = rng.integers(0, 50_257, int(offsets[-1].as_py()), dtype=np.int32)
+            columns = {"input_ids": pa.ListArray.from_arrays(offsets, pa.array(values))}
+            if labels:
+                masked = np.where(values % 10 < 3, -100, values).astype(np.int64)
+                columns["labels"] = pa.ListArray.from_arrays(offsets, pa.array(masked))
             path = root / f"part-{number:05d}.parquet"
             tmp = path.with_name("." + path.name + ".tmp")
-            pq.write_table(pa.table({"input_ids": ids}), tmp, row_group_size=args.row_group_rows)
+            pq.write_table(pa.table(columns), tmp, row_group_size=args.row_group_rows)
             os.replace(tmp, path)
 
-    return cached_files(args.data, wanted, args.files, write)
+    return cached_files(args.data + ("-labels" if labels else ""), wanted, args.files, write)
 
 
 # ----------------------------------------------------------------------------- contenders
@@ -118,11 +128,13 @@ def unpacked_epoch(loader: Any) -> tuple[int, int]:
     return rows, tokens
 
 
-def packed(data: str, num_workers: int, rows: int, count: bool = False) -> tuple[int, int]:
+def packed(
+    data: str, num_workers: int, rows: int, count: bool = False, packing: TokenPacking = PACKING
+) -> tuple[int, int]:
     """Ours, packed: (documents, tokens without separators); the documents counted from the
     separators when ``count`` (untimed: a training loop does not), else taken as ``rows``."""
     loader, _ = StructuredDataset.create_dataloader(
-        data, batch_size=SEQUENCES, num_workers=num_workers, packing=PACKING
+        data, batch_size=SEQUENCES, num_workers=num_workers, packing=packing
     )
     return packed_epoch(loader, rows, count)
 
@@ -219,15 +231,17 @@ def report(seconds: dict[str, list[float]], rows: int, tokens: int) -> dict[str,
         ("packed w0", "ours w0"),
         ("packed w2", "ours w2"),
         ("packed w2 steady", "ours w2 steady"),
+        ("packed+labels w0", "packed w0"),  # no target: the cost of a companion
+        ("packed+labels w2", "packed w2"),
     ]
     for mine, theirs in pairs:
         r = paired(speed, mine, theirs)
         ratios[f"{mine.replace(' ', '_')}_over_{theirs.split()[0]}"] = r
         ok = "meets" if r["paired_median"] >= TARGET else "MISSES"
+        target = "" if "labels" in mine else f"{ok} target ≥ {TARGET}; "
         print(
-            f"  {mine + ' / ' + theirs:<35}= {r['paired_median']:5.2f}   ({ok} target ≥ "
-            f"{TARGET}; ratio of medians {r['of_medians']:.2f}, best/best "
-            f"{r['best_over_best']:.2f})"
+            f"  {mine + ' / ' + theirs:<35}= {r['paired_median']:5.2f}   ({target}ratio of "
+            f"medians {r['of_medians']:.2f}, best/best {r['best_over_best']:.2f})"
         )
     return ratios
 
@@ -237,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_setup(args.data)
     torch.set_num_threads(1)  # the docs' advice with workers on few cores
     took, files = timed(lambda: token_files(args))
+    labeled = str(Path(token_files(args, labels=True)[0]).parent)
     rows, tokens = raw_pyarrow(files, True)  # also warms the page cache
     # Untimed: the first jagged tensor of a process imports torch's symbolic shapes (~0.4 s,
     # once); forked workers inherit the imports.
@@ -258,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         "ours w2": lambda: ours(args.data, 2),
         "packed w0": lambda: packed(args.data, 0, rows),
         "packed w2": lambda: packed(args.data, 2, rows),
+        "packed+labels w0": lambda: packed(labeled, 0, rows, packing=LABELED),
+        "packed+labels w2": lambda: packed(labeled, 2, rows, packing=LABELED),
         "ours w2 steady": steady(unpacked_epoch, args.data, batch_size=BATCH),
         "packed w2 steady": steady(
             lambda loader: packed_epoch(loader, rows),

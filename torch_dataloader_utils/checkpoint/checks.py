@@ -38,6 +38,8 @@ def check_settings(state: Mapping[str, Any], settings: Settings, elastic: bool) 
         "packing": (state["_packing"], settings.packing),
         # which tokens a text makes: the text column and the tokenizer's whole definition
         "tokenizer": (state.get("_tokenize"), settings.tokenize),
+        # what a batch carries beside the tokens: the companion columns and their pads
+        "companions": (state.get("_companions"), settings.companions),
     }
     for name, (expected, found) in pairs.items():
         if elastic and name in ELASTIC_FIELDS:
@@ -75,6 +77,11 @@ def check_setting(name: str, expected: object, found: object, split: str) -> Non
         hint = (
             " (TokenPacking's whole_documents, seq_len, window and overlong decide which "
             "sequences a window makes: the checkpoint's positions count those sequences)"
+        )
+    if name == "companions":
+        hint = (
+            " (TokenPacking(companions=...) differs: the batches would carry other columns "
+            "beside the tokens, or other pads, than the checkpointed run's)"
         )
     if name in ELASTIC_FIELDS:
         hint = " (pass elastic=True with every rank's state to re-deal the rest of the epoch)"

@@ -16,6 +16,8 @@ A state is plain JSON-safe builtins::
                                                       "window", "overlong"}; then a stream's
                                                       ``tokens`` count the sequences of the
                                                       window at ``position`` delivered
+    _companions      (only when given)  dict          TokenPacking.companion_setting: each
+                                                      companion column's name: its pad
     files        {"count", "digest", "groups": [[first, last, count, digest], ...], "root"}
     num_splits                          int
     streams      one entry per worker stream of this rank, in worker order:
@@ -128,6 +130,7 @@ class Settings:
     packing: list[Any] | None = None  # TokenPacking.setting
     tokenize: list[str] | None = None  # Tokenize.setting
     whole_documents: dict[str, Any] | None = None  # TokenPacking.whole_setting
+    companions: dict[str, int] | None = None  # TokenPacking.companion_setting
 
     @property
     def streams_per_rank(self) -> int:
@@ -340,6 +343,15 @@ def _check_nested(state: Mapping[str, Any]) -> None:
         raise InvalidStateError(
             f"state key '_tokenize' must be [text column, tokenizer fingerprint], got "
             f"{tokenize!r:.200}"
+        )
+    companions = state.get("_companions")
+    if "_companions" in state and not (
+        isinstance(companions, dict)
+        and all(isinstance(k, str) and type(v) is int for k, v in companions.items())
+    ):
+        raise InvalidStateError(
+            f"state key '_companions' must be a dict of column names to pads (ints), got "
+            f"{companions!r:.200}"
         )
 
 

@@ -75,6 +75,7 @@ def encode(
             if settings.whole_documents is None
             else {"_whole_documents": settings.whole_documents}
         ),
+        **({} if settings.companions is None else {"_companions": settings.companions}),
     }
 
 

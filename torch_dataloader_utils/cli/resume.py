@@ -119,10 +119,11 @@ def epochs_for(state: Mapping[str, Any], args: argparse.Namespace, path: Sequenc
 
 def packing_of(state: Mapping[str, Any]) -> TokenPacking | None:
     """The token packing ``state`` records (``_packing``: its column and separator; with
-    ``_whole_documents``, the choices that decide a window's sequences).
+    ``_whole_documents``, the choices that decide a window's sequences; its ``_companions``).
 
-    Those decide which tokens a row makes, so they are all a check of positions needs;
-    ``pad_id`` (and ``seq_len`` when documents are cut) only shape batches, so any value serves.
+    Those decide which tokens a row makes (and what a batch carries beside them), so they are
+    all a check of positions needs; ``pad_id`` (and ``seq_len`` when documents are cut) only
+    shape batches, so any value serves.
     """
     recorded = state["_packing"]
     if recorded is None:
@@ -130,9 +131,12 @@ def packing_of(state: Mapping[str, Any]) -> TokenPacking | None:
     whole = state.get("_whole_documents")
     try:
         column, separator = recorded
+        companions = state.get("_companions") or {}
         if whole is not None:
-            return TokenPacking(column, separator=separator, whole_documents=True, **whole)
-        return TokenPacking(column, seq_len=1, separator=separator)
+            return TokenPacking(
+                column, separator=separator, companions=companions, whole_documents=True, **whole
+            )
+        return TokenPacking(column, seq_len=1, separator=separator, companions=companions)
     except (TypeError, ValueError) as exc:
         raise BadInput(
             f"state key '_packing' is {recorded!r}, not [column, separator]: {exc}"

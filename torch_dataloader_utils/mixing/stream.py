@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 
 from ..base.arrays import IntArray, as_arrow, is_number, numbers
@@ -23,7 +22,7 @@ from ..reading.bestfit import (
     delivered_before,
     left_out,
 )
-from ..reading.packing import Pending, documents, packed_batch
+from ..reading.packing import Columns, Pending, documents, named_companions, packed_batch
 from ..reading.runs import Chunk
 from ..reading.stream import SourceFiles, chunk_rows
 from ..reading.window import Rows, gather
@@ -113,7 +112,7 @@ class MixedSource:
         source packs its own documents, and the schedule deals the sequences. ``skips`` is
         for one dataset's stream: a mixture's packers know their own cut documents (``start``
         and the elastic deals of ``MixedEpochs.skips``)."""
-        progress, seq_len = self.progress, packing.seq_len
+        progress = self.progress
         assert isinstance(start, MixPosition)
         packers: list[_Packer | _WholePacker] = []
         stream, workers = progress.stream(self.worker), progress.num_workers
@@ -130,7 +129,8 @@ class MixedSource:
             cut = {r: t for r, t in progress.mix.skips(s, stream, workers).items() if r >= row}
             if tokens:
                 cut[row] = tokens
-            packers.append(_Packer(feed, packing, cut, (row, tokens), describe))
+            locate = functools.partial(self._locate_row, s)
+            packers.append(_Packer(feed, packing, cut, (row, tokens), describe, locate))
         end = (
             self.total if not drop_last else start + (self.total - start) // batch_size * batch_size
         )
@@ -141,7 +141,7 @@ class MixedSource:
                 blocks = [p.take(len(n)) for p, n in zip(packers, mixed.places, strict=True)]
                 reals = [p.real for p in packers if isinstance(p, _WholePacker)]
                 real = sum(reals) if packing.whole_documents else None
-                batch = _mixed_sequences(blocks, mixed, seq_len, position_ids, real)
+                batch = _mixed_sequences(blocks, mixed, packing, position_ids, real)
                 if progress.mix.source_column is not None:
                     batch[progress.mix.source_column] = mixed.sources.copy()
                 yield batch, MixPosition(hi, tuple(p.position for p in packers))
@@ -165,6 +165,15 @@ class MixedSource:
             f"source {progress.mix.names[source]!r} epoch {place.epoch}: "
             f"{place.order.describe_at(place.offset + 1)}"
         )
+
+    def _locate_row(self, source: int, row: int) -> str:
+        """The file and row of row ``row`` (over all epochs) of source ``source`` of this
+        stream, for errors."""
+        progress = self.progress
+        place = progress.mix.place(source, progress.stream(self.worker), row,
+                                   progress.num_workers)  # fmt: skip
+        located = self.sources[source].stream(place.order).describe_row(place.offset)
+        return f"source {progress.mix.names[source]!r} epoch {place.epoch}: {located}"
 
 
 class _Feed:
@@ -238,27 +247,32 @@ class _Packer:
     ``position`` (a row over all the source's epochs, and the tokens of it handed out)."""
 
     def __init__(self, feed: _Feed, packing: TokenPacking, skips: Mapping[int, int],
-                 position: tuple[int, int], describe: Callable[[int], str]) -> None:  # fmt: skip
+                 position: tuple[int, int], describe: Callable[[int], str],
+                 locate: Callable[[int], str]) -> None:  # fmt: skip
         self._feed, self._packing, self._describe = feed, packing, describe
+        self._locate = locate  # names a row (over all epochs) by file and row, for errors
         self._skips = skips  # rows (over all epochs) whose first tokens were delivered before
         self._pending: Pending | None = None
         self.position = position
 
-    def take(self, sequences: int) -> tuple[npt.NDArray[Any], IntArray]:
-        """The tokens of the next ``sequences`` sequences, and where documents start in them."""
+    def take(self, sequences: int) -> tuple[Columns, IntArray]:
+        """The tokens (and companions) of the next ``sequences`` sequences, and where
+        documents start in them."""
         need = sequences * self._packing.seq_len
         if not need:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+            empty = np.empty(0, dtype=np.int64)
+            return (empty,) * (1 + len(self._packing.companions)), empty
         empty_chunks = 0
         while self._pending is None or self._pending.size < need:
             chunk, after = self._feed.next_chunk()
             tokens, rows, starts, skipped = documents(
-                chunk, self._packing, after - chunk.num_rows, self._skips, self._describe
-            )
+                chunk, self._packing, after - chunk.num_rows, self._skips, self._describe,
+                self._locate,
+            )  # fmt: skip
             if self._pending is None:
                 self._pending = Pending([], rows[:0], starts[:0], skipped[:0])
             self._pending.extend(tokens, rows, starts, skipped)
-            empty_chunks = empty_chunks + 1 if not len(tokens) else 0
+            empty_chunks = empty_chunks + 1 if not len(tokens[0]) else 0
             if empty_chunks > _MAX_EMPTY_CHUNKS:
                 raise DataSourceError(
                     f"{self._describe(after)}: {empty_chunks} chunks in a row without a token; "
@@ -290,10 +304,10 @@ class _WholePacker:
         position = self._packer.position
         return int(position), position.tokens
 
-    def take(self, sequences: int) -> tuple[npt.NDArray[Any], IntArray]:
+    def take(self, sequences: int) -> tuple[Columns, IntArray]:
         """The tokens of the next ``sequences`` sequences, where documents and paddings start."""
         tokens, starts, self.real, _ = self._packer.take(sequences)
-        return tokens, starts
+        return (tokens,), starts
 
     def close(self) -> None:
         self._feed.close()
@@ -381,25 +395,30 @@ def _column(
 
 
 def _mixed_sequences(
-    blocks: list[tuple[npt.NDArray[Any], IntArray]],
+    blocks: list[tuple[Columns, IntArray]],
     mixed: Interleave,
-    seq_len: int,
+    packing: TokenPacking,
     position_ids: object,
     real: int | None = None,
 ) -> dict[str, Any]:
     """A packed batch whose sequence ``i`` is the next sequence of source
-    ``mixed.sources[i]``: ``blocks[s]`` holds source ``s``'s sequences (tokens, document
-    starts); ``real``: its real tokens (``None``: all, no padding)."""
+    ``mixed.sources[i]``: ``blocks[s]`` holds source ``s``'s sequences (tokens and their
+    companions, document starts); ``real``: its real tokens (``None``: all, no padding)."""
+    seq_len = packing.seq_len
     places = np.concatenate(mixed.places)  # the output row of each sequence, source by source
-    tokens = [t for t, _ in blocks if len(t)]
-    joined = tokens[0] if len(tokens) == 1 else np.concatenate(tokens)
-    out = np.empty((len(places), seq_len), dtype=joined.dtype)
-    out[places] = joined.reshape(-1, seq_len)
+    present = [columns for columns, _ in blocks if len(columns[0])]
+    out = []
+    for parts in zip(*present, strict=True):  # the tokens, then each companion
+        joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        column = np.empty((len(places), seq_len), dtype=joined.dtype)
+        column[places] = joined.reshape(-1, seq_len)
+        out.append(column.reshape(-1))
     starts, first = [], 0
-    for block_tokens, block_starts in blocks:
+    for (block_tokens, *_), block_starts in blocks:
         rows = first + block_starts // seq_len
         starts.append(places[rows] * seq_len + block_starts % seq_len)
         first += len(block_tokens) // seq_len
     return packed_batch(
-        out.reshape(-1), np.sort(np.concatenate(starts)), seq_len, position_ids, real=real
-    )
+        out[0], np.sort(np.concatenate(starts)), seq_len, position_ids, real=real,
+        companions=named_companions(packing, tuple(out)),
+    )  # fmt: skip

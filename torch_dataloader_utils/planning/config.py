@@ -58,9 +58,9 @@ class DatasetConfig:
             not self.columns or not all(isinstance(c, str) for c in self.columns)
         ):
             raise ValueError(f"columns must be a non-empty list of names, got {self.columns!r}")
-        self._check_packing()
         if self.tokenize is not None and not isinstance(self.tokenize, Tokenize):
             raise TypeError(f"tokenize must be a Tokenize, got {type(self.tokenize).__name__}")
+        self._check_packing()
 
     def _normalize_ints(self) -> None:
         """Builtin ints (numpy's taken too), so that a state holds builtins only."""
@@ -73,17 +73,19 @@ class DatasetConfig:
         if self.packing is None:
             return self.batch_size * converted_row_bytes(schema)
         tokens = self.batch_size * self.packing.seq_len
-        item = int(schema.field(self.packing.column).type.value_type.bit_width) // 8
-        return tokens * (item + 8)  # input_ids and int64 position_ids
+        keys = (self.packing.column, *self.packing.companions)
+        items = sum(int(schema.field(k).type.value_type.bit_width) // 8 for k in keys)
+        return tokens * (items + 8)  # input_ids, companions and int64 position_ids
 
     @property
     def read_columns(self) -> tuple[str, ...] | None:
-        """The columns read from the files: packing reads its token column only; a token
-        column that ``tokenize`` makes is read as its text column."""
-        columns = self.columns if self.packing is None else (self.packing.column,)
+        """The columns read from the files: packing reads its token column and companions
+        only; a column that ``tokenize`` makes is read as its text column."""
+        packing = self.packing
+        columns = self.columns if packing is None else (packing.column, *packing.companions)
         if self.tokenize is None or columns is None:
             return columns
-        return tuple(self.tokenize.read_column(name) for name in columns)
+        return tuple(dict.fromkeys(self.tokenize.read_column(name) for name in columns))
 
     def delivered(self, schema: pa.Schema) -> pa.Schema:
         """The schema of what a stream delivers from files of ``schema`` (the columns read):
@@ -118,11 +120,23 @@ class DatasetConfig:
             raise ValueError(
                 "packing makes tensors or arrays of token ids: use output='torch' or 'numpy'"
             )
-        if self.columns not in (None, (packing.column,)):
+        delivered = [packing.column, *packing.companions]
+        if self.columns is not None and not set(self.columns) <= set(delivered):
             raise ValueError(
-                f"packing delivers only its token column {packing.column!r}; got "
-                f"columns={list(self.columns or ())}: drop columns= or pass [{packing.column!r}]"
+                f"packing delivers only its token column {packing.column!r}"
+                + (f" and companions {list(packing.companions)}" if packing.companions else "")
+                + f"; got columns={list(self.columns)}: drop columns= or pass {delivered}"
             )
+        for name in packing.companions:
+            # a column of the files cannot align with tokens the loader makes
+            if self.tokenize is not None and self.tokenize.read_column(name) == name:
+                raise ValueError(
+                    f"TokenPacking companion {name!r} is not made by tokenize=Tokenize("
+                    f"{self.tokenize.column!r}, ...): a column of the files holds values for "
+                    f"the files' tokens, not for the tokens the tokenizer makes of column "
+                    f"{self.tokenize.column!r}; drop the companion, or pack pre-tokenized "
+                    f"token ids (without tokenize=) that it was written for"
+                )
 
     def window_rows(self, row_bytes: int) -> int:
         """Rows of a shuffle window for rows of ``row_bytes`` decoded bytes: three windows' worth

@@ -145,6 +145,7 @@ class Epochs:
             packing=None if config.packing is None else config.packing.setting,
             tokenize=None if config.tokenize is None else config.tokenize.setting,
             whole_documents=None if config.packing is None else config.packing.whole_setting,
+            companions=None if config.packing is None else config.packing.companion_setting,
         )
 
     def plan(self, start: Start, num_workers: int) -> EpochPlan:

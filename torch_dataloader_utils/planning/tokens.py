@@ -13,18 +13,24 @@ With ``whole_documents`` no document is cut: the stream's rows are taken in wind
 decreasing into sequences (``reading.bestfit``). The position is then a ``TokenPosition`` whose
 rows are the start of the window being handed out and whose ``tokens`` count the window's
 sequences already delivered: the same window start always gives the same sequences.
+
+*Companions* are other list columns holding one value per token (pre-tokenized ``labels``,
+``loss_mask``, ``token_type_ids``): cut and padded in lockstep with the tokens, each with its own
+pad (at a separator's place too). They do not change which tokens a row makes, so positions are
+the same with or without them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.types as pat
 
-from ..base.args import flag, optional_whole, whole
+from ..base.args import flag, optional_mapping, optional_whole, whole
 
 __all__ = ["OVERLONG", "PACKED_KEYS", "TokenPacking", "TokenPosition"]
 
@@ -63,7 +69,11 @@ class TokenPacking:
     from 0 at every document start and sequence start), ``cu_seqlens`` (int32 boundaries of
     those parts over the flattened batch, as variable-length attention takes them) and
     ``num_tokens`` (an int: the real tokens; the rest of the flattened batch is padding).
-    Other columns are not read.
+
+    ``companions`` maps other list-of-integers columns, one value per token in every row, to
+    their pad: each is delivered as ``(batch, seq_len)`` values of its column's type, aligned
+    with ``input_ids``, its pad wherever ``input_ids`` has the separator or ``pad_id``; e.g.
+    ``{"labels": -100, "loss_mask": 0}``. Other columns are not read.
 
     ``whole_documents=True`` never cuts a document: each window of ``window`` documents (rows)
     is packed best-fit decreasing into sequences padded with ``pad_id`` (the padding of each
@@ -77,6 +87,7 @@ class TokenPacking:
     seq_len: int
     separator: int | None = None
     pad_id: int = 0
+    companions: Mapping[str, int] = field(default_factory=dict, hash=False)
     whole_documents: bool = False
     window: int = DEFAULT_WINDOW
     overlong: str = "truncate"
@@ -100,29 +111,39 @@ class TokenPacking:
             raise ValueError(
                 f"TokenPacking overlong must be one of {OVERLONG}, got {self.overlong!r}"
             )
+        object.__setattr__(self, "companions", self._checked_companions())
+        if self.whole_documents and self.companions:
+            raise ValueError(
+                "TokenPacking(whole_documents=True) does not carry companions yet: pass "
+                "companions with whole_documents=False (documents cut at sequence ends), or "
+                "whole_documents without companions"
+            )
+
+    def _checked_companions(self) -> dict[str, int]:
+        """``companions`` as a dict of names (neither the token column nor a packed batch's
+        key) to builtin ints."""
+        given = optional_mapping("TokenPacking companions", self.companions) or {}
+        out = {}
+        for name, pad in given.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"TokenPacking companions must map column names, got {name!r}")
+            if name == self.column or name in PACKED_KEYS:
+                raise ValueError(
+                    f"TokenPacking companion {name!r} is "
+                    + ("the token column" if name == self.column else "a key of packed batches")
+                    + f" ({', '.join([self.column, *PACKED_KEYS])}); name another column"
+                )
+            out[name] = whole(f"TokenPacking companions[{name!r}] (its pad)", pad)
+        return out
 
     def check(self, schema: pa.Schema) -> None:
-        """Raise unless the column is a list of integers that holds the separator and pad."""
-        if self.column not in schema.names:
-            raise ValueError(
-                f"TokenPacking column {self.column!r} is not in the files; columns: {schema.names}"
-            )
-        kind = schema.field(self.column).type
-        if not (pat.is_list(kind) or pat.is_large_list(kind)) or not pat.is_integer(
-            kind.value_type
-        ):
-            raise ValueError(
-                f"TokenPacking column {self.column!r} has type {kind}; packing needs a list "
-                f"(or large_list) of integers, e.g. list<int32> token ids"
-            )
-        limits = np.iinfo(kind.value_type.to_pandas_dtype())
-        for name in ("separator", "pad_id"):
-            value = getattr(self, name)
-            if value is not None and not limits.min <= value <= limits.max:
-                raise ValueError(
-                    f"TokenPacking {name}={value} does not fit column {self.column!r} of type "
-                    f"{kind} (range {limits.min}..{limits.max})"
-                )
+        """Raise unless the column and the companions are lists of integers that hold the
+        separator and pads."""
+        pads = {"separator": self.separator, "pad_id": self.pad_id}
+        _check_integers(schema, self.column, "TokenPacking column", "token ids", pads)
+        for name, pad in self.companions.items():
+            pads = {f"companions[{name!r}]": pad}
+            _check_integers(schema, name, "TokenPacking companion", "values", pads)
 
     @property
     def setting(self) -> list[Any]:
@@ -136,6 +157,33 @@ class TokenPacking:
         if not self.whole_documents:
             return None
         return {"seq_len": self.seq_len, "window": self.window, "overlong": self.overlong}
+
+    @property
+    def companion_setting(self) -> dict[str, int] | None:
+        """What a checkpoint records of the companions (``None``: none): their names and pads,
+        so that a resume delivers the batches the checkpointed run would have."""
+        return dict(self.companions) or None
+
+
+def _check_integers(
+    schema: pa.Schema, column: str, role: str, what: str, values: Mapping[str, int | None]
+) -> None:
+    """Raise unless ``column`` (the ``role``) is a list of integers that holds ``values``."""
+    if column not in schema.names:
+        raise ValueError(f"{role} {column!r} is not in the files; columns: {schema.names}")
+    kind = schema.field(column).type
+    if not (pat.is_list(kind) or pat.is_large_list(kind)) or not pat.is_integer(kind.value_type):
+        raise ValueError(
+            f"{role} {column!r} has type {kind}; packing needs a list (or large_list) of "
+            f"integers, e.g. list<int32> {what}"
+        )
+    limits = np.iinfo(kind.value_type.to_pandas_dtype())
+    for name, value in values.items():
+        if value is not None and not limits.min <= value <= limits.max:
+            raise ValueError(
+                f"TokenPacking {name}={value} does not fit column {column!r} of type {kind} "
+                f"(range {limits.min}..{limits.max})"
+            )
 
 
 # The keys of a packed batch (``packed_batch``).

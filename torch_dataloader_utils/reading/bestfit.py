@@ -363,7 +363,9 @@ def chunk_documents(
     chunk: pa.RecordBatch, packing: TokenPacking, first: int, describe: Callable[[int], str]
 ) -> tuple[npt.NDArray[Any], IntArray]:
     """A chunk's tokens (separators in) and each row's length; ``first``: its first row."""
-    values, _, starts, _ = documents(chunk, packing, first, {}, describe)
+    (values,), _, starts, _ = documents(
+        chunk, packing, first, {}, describe, lambda row: describe(row + 1)
+    )
     return values, np.diff(np.append(starts, len(values)))
 
 

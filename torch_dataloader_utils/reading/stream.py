@@ -188,6 +188,7 @@ class StreamSource:
             skips=skips,
             end=self.total,
             describe=self.describe_at,
+            describe_row=self.describe_row,
             position_ids=position_ids,
         )
 
