@@ -108,6 +108,8 @@ def test_hf_trainer_epochs_resume_exactly_at_every_moment(
          "args": steps[2]},
         {"name": "packed-w0-first", "kwargs": packed[0], "save_every": p0 + 1,
          "crash_at": p0 + 3, "args": steps[0]},
+        {"name": "packed-w2-mid", "kwargs": packed[2], "save_every": p2 + 10,
+         "crash_at": p2 + 15, "args": steps[2]},
     ]  # fmt: skip
     train_and_resume(launch_job, [sys.executable, str(JOB)], cases, tmp_path)
     for case in cases:
@@ -126,6 +128,30 @@ def test_hf_trainer_two_processes_resume_exactly(tokens_dir: Path, tmp_path: Pat
     for rank in range(2):
         assert_exact(tmp_path, case, rank, 2)
         assert tmp_path / case["name"] / "ckpt" / "checkpoint-3" / f"loader_state_{rank}.json"
+
+
+@pytest.mark.ddp
+def test_hf_trainer_ddp_epochs_resume_exactly(
+    parquet_dir: Path, small_split: int, tmp_path: Path
+) -> None:
+    """2 processes (gloo), 3 epochs, no ``set_epoch``: a checkpoint on epoch 0's last step, and
+    ``save_strategy="epoch"``'s at the end of epoch 0, process 0 SIGKILLed; each process trains
+    every epoch of its share once, in its uninterrupted order, from its own
+    ``loader_state_<rank>.json``."""
+    kwargs = rows_case(parquet_dir, small_split, 2)
+    epochs = [epochs_of(kwargs, rank, 2, epochs=3) for rank in range(2)]
+    n = len(epochs[0][0])
+    assert len(epochs[1][0]) == n
+    cases = [
+        {"name": "ddp-rows-w2-last", "kwargs": kwargs, "save_every": n, "crash_at": n + 2,
+         "args": {"num_train_epochs": 3}},
+        {"name": "ddp-rows-w2-end", "kwargs": kwargs, "crash_at": n + 2,
+         "args": {"num_train_epochs": 3, "save_strategy": "epoch"}},
+    ]  # fmt: skip
+    train_and_resume(launch_job, torchrun(2, JOB), cases, tmp_path)
+    for case in cases:
+        for rank in range(2):
+            assert_epochs_continue(tmp_path / case["name"], epochs[rank], rank)
 
 
 def test_a_checkpoint_without_loader_state_says_what_to_do(
