@@ -164,11 +164,13 @@ def test_lightning_ddp_epochs_resume_exactly(
     """2 processes (gloo), ``LoaderStatesPerRank``, 3 epochs, no ``set_epoch``: a checkpoint on
     epoch 0's last step, and Lightning's default epoch-end one (whose loader states Lightning
     does not load: the sampler's ``set_epoch`` moves each process's loader), process 0
-    SIGKILLed; each process trains every epoch of its share once, in its uninterrupted order.
-    Packed, the processes' epochs end at a common ``limit_train_batches`` (docs/tokens.md,
-    "Under DDP"): a checkpoint on its last step, mid-epoch for the loader."""
-    kwargs = rows_case(parquet_dir, small_split, 2)
+    SIGKILLed; each process trains every epoch of its share once, in its uninterrupted order;
+    the epoch-end checkpoint with 0 workers too. Packed, the processes' epochs end at a common
+    ``limit_train_batches`` (docs/tokens.md, "Under DDP"): a checkpoint on its last step,
+    mid-epoch for the loader."""
+    kwargs, no_workers = (rows_case(parquet_dir, small_split, w) for w in (2, 0))
     epochs = [epochs_of(kwargs, rank, 2, epochs=3) for rank in range(2)]
+    epochs_w0 = [epochs_of(no_workers, rank, 2, epochs=3) for rank in range(2)]
     n, limit = len(epochs[0][0]), 8
     packed = packed_case(few_tokens, 2)
     packed_epochs = [epochs_of(packed, rank, 2, epochs=3) for rank in range(2)]
@@ -180,11 +182,14 @@ def test_lightning_ddp_epochs_resume_exactly(
          "epochs": 3},
         {"name": "ddp-packed-w2-limit-last", "kwargs": packed, "save_every": limit,
          "crash_at": limit + 2, "epochs": 3, "trainer": {"limit_train_batches": limit}},
+        {"name": "ddp-rows-w0-end", "kwargs": no_workers, "checkpoint": {}, "crash_at": n + 2,
+         "epochs": 3},
     ]  # fmt: skip
     train_and_resume(launch_job, torchrun(2, JOB), cases, tmp_path)
     for rank in range(2):
         for case in cases[:2]:
             assert_epochs_continue(tmp_path / case["name"], epochs[rank], rank)
+        assert_epochs_continue(tmp_path / cases[3]["name"], epochs_w0[rank], rank)
         limited = [epoch[:limit] for epoch in packed_epochs[rank]]
         assert_epochs_continue(tmp_path / cases[2]["name"], limited, rank)
 
