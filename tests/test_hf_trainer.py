@@ -108,6 +108,8 @@ def test_hf_trainer_epochs_resume_exactly_at_every_moment(
          "args": steps[2]},
         {"name": "packed-w0-first", "kwargs": packed[0], "save_every": p0 + 1,
          "crash_at": p0 + 3, "args": steps[0]},
+        {"name": "packed-w2-mid", "kwargs": packed[2], "save_every": p2 + 10,
+         "crash_at": p2 + 15, "args": steps[2]},
     ]  # fmt: skip
     train_and_resume(launch_job, [sys.executable, str(JOB)], cases, tmp_path)
     for case in cases:
@@ -126,6 +128,36 @@ def test_hf_trainer_two_processes_resume_exactly(tokens_dir: Path, tmp_path: Pat
     for rank in range(2):
         assert_exact(tmp_path, case, rank, 2)
         assert tmp_path / case["name"] / "ckpt" / "checkpoint-3" / f"loader_state_{rank}.json"
+
+
+@pytest.mark.ddp
+def test_hf_trainer_ddp_epochs_resume_exactly(
+    parquet_dir: Path, small_split: int, tmp_path: Path
+) -> None:
+    """2 processes (gloo), 3 epochs, no ``set_epoch``: a checkpoint on epoch 0's last step,
+    ``save_strategy="epoch"``'s at the end of epoch 0 (2 workers) and one mid-epoch 1 (0
+    workers), process 0 SIGKILLed; each process trains every epoch of its share once, in its
+    uninterrupted order, from its own ``loader_state_<rank>.json``."""
+    kwargs, no_workers = (rows_case(parquet_dir, small_split, w) for w in (2, 0))
+    epochs = {
+        w: [epochs_of(k, r, 2, epochs=3) for r in range(2)]
+        for w, k in ((2, kwargs), (0, no_workers))
+    }
+    n = len(epochs[2][0][0])
+    assert len(epochs[2][1][0]) == n
+    cases = [
+        {"name": "ddp-rows-w2-last", "kwargs": kwargs, "save_every": n, "crash_at": n + 2,
+         "args": {"num_train_epochs": 3}},
+        {"name": "ddp-rows-w2-end", "kwargs": kwargs, "crash_at": n + 2,
+         "args": {"num_train_epochs": 3, "save_strategy": "epoch"}},
+        {"name": "ddp-rows-w0-mid", "kwargs": no_workers, "save_every": n + 5, "crash_at": n + 8,
+         "args": {"num_train_epochs": 3}},
+    ]  # fmt: skip
+    train_and_resume(launch_job, torchrun(2, JOB), cases, tmp_path)
+    for case in cases:
+        for rank in range(2):
+            expected = epochs[kind_of(case["name"].removeprefix("ddp-"))[1]][rank]
+            assert_epochs_continue(tmp_path / case["name"], expected, rank)
 
 
 def test_a_checkpoint_without_loader_state_says_what_to_do(

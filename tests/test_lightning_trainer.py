@@ -95,7 +95,10 @@ def test_lightning_epochs_resume_exactly_at_every_moment(
     ``val_check_interval`` puts across an epoch's end, with accumulation: every epoch's
     batches once, in the uninterrupted order. Before, with the recipe of docs/trainers.md in
     ``on_train_epoch_start``, an epoch-end step checkpoint trained 0 batches of the next
-    epoch, and the epoch-end checkpoint without workers trained epoch 0's order again."""
+    epoch, and the epoch-end checkpoint without workers trained epoch 0's order again. A
+    packed loader (no ``len()``) resumed from the epoch-end checkpoint: Lightning takes a
+    batch of epoch 0 before ``set_epoch(1)``; the iteration restarts under it (``api.feed``),
+    where it raised ``RuntimeError`` before."""
     kinds = case_kinds(parquet_dir, small_split, few_tokens)
     rows, packed = ({w: kinds[kind, w] for w in (0, 2)} for kind in ("rows", "packed"))
     epochs = {key: epochs_of(kwargs, epochs=3) for key, kwargs in kinds.items()}
@@ -115,23 +118,25 @@ def test_lightning_epochs_resume_exactly_at_every_moment(
         {"name": "rows-w0-acc3-val-across", "kwargs": rows[0], "checkpoint": at_validation,
          "crash_at": 12, "trainer": {"accumulate_grad_batches": 3, **across}},
         {"name": "packed-w0-last", "kwargs": packed[0], "save_every": p0, "crash_at": p0 + 3},
-        {"name": "packed-w2-end", "kwargs": packed[2], "checkpoint": end, "crash_at": p2 + 4,
-         "raises": True},
+        {"name": "packed-w2-end", "kwargs": packed[2], "checkpoint": end, "crash_at": p2 + 4},
         {"name": "packed-w2-acc2-first", "kwargs": packed[2], "save_every": -(-p2 // 2) + 1,
          "crash_at": -(-p2 // 2) + 3, "trainer": {"accumulate_grad_batches": 2}},
         {"name": "packed-w0-val-across", "kwargs": packed[0], "checkpoint": at_validation,
          "crash_at": p0 + 8, "trainer": across},
+        {"name": "packed-w2-mid", "kwargs": packed[2], "save_every": p2 + 10,
+         "crash_at": p2 + 15},
+        {"name": "packed-w2-last", "kwargs": packed[2], "save_every": p2, "crash_at": p2 + 3},
+        {"name": "packed-w0-end", "kwargs": packed[0], "checkpoint": end, "crash_at": p0 + 4},
+        {"name": "packed-w2-limit-last", "kwargs": packed[2], "save_every": 12, "crash_at": 15,
+         "trainer": {"limit_train_batches": 12}},
     ]  # fmt: skip
     for case in cases:
         case["epochs"] = 3
     train_and_resume(launch_job, [sys.executable, str(JOB)], cases, tmp_path)
     for case in cases:
-        if case.get("raises"):
-            error = (tmp_path / case["name"] / "resume-rank0.error").read_text()
-            assert "moves the loader to epoch 1 after it read a batch of epoch 0" in error
-            assert "every_n_train_steps" in error
-            continue
-        assert_epochs_continue(tmp_path / case["name"], epochs[kind_of(case["name"])])
+        limit = case.get("trainer", {}).get("limit_train_batches")
+        expected = [epoch[:limit] for epoch in epochs[kind_of(case["name"])]]
+        assert_epochs_continue(tmp_path / case["name"], expected)
 
 
 @pytest.mark.ddp
@@ -150,25 +155,39 @@ def test_lightning_ddp_two_processes_resume_exactly(tokens_dir: Path, tmp_path: 
 
 @pytest.mark.ddp
 def test_lightning_ddp_epochs_resume_exactly(
-    parquet_dir: Path, small_split: int, tmp_path: Path
+    parquet_dir: Path, small_split: int, few_tokens: Path, tmp_path: Path
 ) -> None:
     """2 processes (gloo), ``LoaderStatesPerRank``, 3 epochs, no ``set_epoch``: a checkpoint on
     epoch 0's last step, and Lightning's default epoch-end one (whose loader states Lightning
     does not load: the sampler's ``set_epoch`` moves each process's loader), process 0
-    SIGKILLed; each process trains every epoch of its share once, in its uninterrupted order."""
-    kwargs = rows_case(parquet_dir, small_split, 2)
+    SIGKILLed; each process trains every epoch of its share once, in its uninterrupted order;
+    the epoch-end checkpoint with 0 workers too. Packed, the processes' epochs end at a common
+    ``limit_train_batches`` (docs/tokens.md, "Under DDP"): a checkpoint on its last step,
+    mid-epoch for the loader."""
+    kwargs, no_workers = (rows_case(parquet_dir, small_split, w) for w in (2, 0))
     epochs = [epochs_of(kwargs, rank, 2, epochs=3) for rank in range(2)]
-    n = len(epochs[0][0])
+    epochs_w0 = [epochs_of(no_workers, rank, 2, epochs=3) for rank in range(2)]
+    n, limit = len(epochs[0][0]), 8
+    packed = packed_case(few_tokens, 2)
+    packed_epochs = [epochs_of(packed, rank, 2, epochs=3) for rank in range(2)]
+    assert min(len(epoch) for rank in packed_epochs for epoch in rank) > limit
     cases = [
         {"name": "ddp-rows-w2-last", "kwargs": kwargs, "save_every": n, "crash_at": n + 2,
          "epochs": 3},
         {"name": "ddp-rows-w2-end", "kwargs": kwargs, "checkpoint": {}, "crash_at": n + 2,
          "epochs": 3},
+        {"name": "ddp-packed-w2-limit-last", "kwargs": packed, "save_every": limit,
+         "crash_at": limit + 2, "epochs": 3, "trainer": {"limit_train_batches": limit}},
+        {"name": "ddp-rows-w0-end", "kwargs": no_workers, "checkpoint": {}, "crash_at": n + 2,
+         "epochs": 3},
     ]  # fmt: skip
     train_and_resume(launch_job, torchrun(2, JOB), cases, tmp_path)
-    for case in cases:
-        for rank in range(2):
+    for rank in range(2):
+        for case in cases[:2]:
             assert_epochs_continue(tmp_path / case["name"], epochs[rank], rank)
+        assert_epochs_continue(tmp_path / cases[3]["name"], epochs_w0[rank], rank)
+        limited = [epoch[:limit] for epoch in packed_epochs[rank]]
+        assert_epochs_continue(tmp_path / cases[2]["name"], limited, rank)
 
 
 def test_another_process_state_names_the_callback(parquet_dir: Path, small_split: int) -> None:

@@ -33,7 +33,14 @@ from _harness import make_loader
 from _launch import free_port, launch_job
 from _launch import torchrun as launch_torchrun
 from conftest import TOTAL_ROWS
-from trainers._common import case_kinds, epochs_of, loader_of, rows_case, trained_values
+from trainers._common import (
+    case_kinds,
+    epochs_of,
+    loader_of,
+    packed_case,
+    rows_case,
+    trained_values,
+)
 
 TESTS = Path(__file__).parent
 ACCELERATE_JOB = TESTS / "trainers" / "accelerate_job.py"
@@ -348,6 +355,57 @@ def test_a_trainers_epoch_moves_the_loader_forward_only(
         loader.sampler.set_epoch(1)
     assert [trained_values(b) for b in loader] == epochs[1][4:]
     assert loader.dataset.epoch == 1
+
+
+@pytest.mark.parametrize(
+    ("workers", "ahead", "persistent"),
+    [(0, 1, False), (2, 1, False), (2, 2, False), (2, 1, True)],
+    ids=["w0", "w2", "w2-ahead2", "w2-persistent"],
+)
+def test_a_trainers_epoch_after_batches_taken_unread_restarts_under_them(
+    few_tokens: Path, workers: int, ahead: int, persistent: bool
+) -> None:
+    """Lightning resumed from an epoch-end checkpoint with a loader without ``len()`` takes a
+    batch of epoch 0 (its fetcher reads one ahead), then calls ``sampler.set_epoch(1)``: the
+    iteration restarts in epoch 1 under the batch held unread, refilled in place with epoch
+    1's first. The loop trains epoch 1 exactly, counted by ``stats()``; a state taken in it
+    resumes exactly. Before, ``set_epoch`` raised ``RuntimeError``."""
+    kwargs = {**packed_case(few_tokens, workers), "persistent_workers": persistent}
+    epochs = epochs_of(kwargs, epochs=2)
+    loader = loader_of(kwargs)
+    it = iter(loader)
+    held = [next(it) for _ in range(ahead)]  # a trainer's read-ahead, not read yet
+    loader.sampler.set_epoch(1)
+    trained = [trained_values(batch) for batch in held]
+    for batch in it:
+        trained.append(trained_values(batch))
+        if len(trained) == 5:
+            state, stats = json.loads(json.dumps(loader.state_dict())), loader.stats()
+    assert trained == epochs[1] and trained[0] != epochs[0][0]
+    assert stats.since_start.batches == 5
+    assert stats.since_start.tokens == sum(len(values) for values in trained[:5])
+    resumed = loader_of(kwargs)
+    resumed.load_state_dict(state)
+    assert resumed.dataset.epoch == 1
+    assert [trained_values(batch) for batch in resumed] == epochs[1][5:]
+
+
+def test_a_trainers_epoch_after_batches_not_dicts_taken_raises(
+    parquet_dir: Path, small_split: int
+) -> None:
+    """A batch that is not a dict (``output="arrow"``) cannot be refilled: the iterator that
+    handed it out raises at its next ``next()`` instead of training epoch 0 as epoch 1. An
+    iterator made after ``set_epoch`` trains epoch 1. Before, the old one trained epoch 0."""
+    kwargs = {**rows_case(parquet_dir, small_split, 0), "output": "arrow"}
+    loader = loader_of(kwargs)
+    it = iter(loader)
+    next(it)
+    loader.sampler.set_epoch(1)
+    with pytest.raises(RuntimeError, match="after it took batches of epoch 0 ahead") as raised:
+        next(it)
+    assert "not dicts" in str(raised.value) and "every_n_train_steps" in str(raised.value)
+    ids = [batch.column("id").to_pylist() for batch in loader]
+    assert ids == epochs_of(rows_case(parquet_dir, small_split, 0), epochs=2)[1]
 
 
 def saved_after(kwargs: dict[str, Any], *, epoch: int, batches: int) -> dict[str, Any]:

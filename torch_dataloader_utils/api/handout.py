@@ -14,10 +14,15 @@ Only batches held unread *after* one that was read count as read ahead; a loop t
 nothing yet (``list(loader)``, ``next(it)`` without a look) has consumed what it took.
 Batches that are not dicts (``output="arrow"``, a transform returning a tuple) cannot tell,
 and count as consumed when handed out.
+
+While the loop has read none, the dict batches it still holds can be refilled in place
+(``start_over``): ``api.feed`` restarts the iteration in a later epoch under them when a trainer
+moves the loader after it took them (Lightning resumed from an epoch-end checkpoint).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,23 +58,48 @@ class HandOuts:
         self._handed = 0
         self._read = 0
         self._marks: dict[int, Mark] = {}
+        self._held: list[weakref.ref[UnreadBatch]] = []  # while none is read (``start_over``)
+        self.opaque = False  # a batch that is not a dict was handed out
 
-    def hand_out(self, batch: Any, mark: Mark, progress: AnyProgress | None) -> Any:
-        """``batch``, numbered and marked; an ``UnreadBatch`` if it is a dict."""
+    def hand_out(
+        self,
+        batch: Any,
+        mark: Mark,
+        progress: AnyProgress | None,
+        into: UnreadBatch | None = None,
+    ) -> Any:
+        """``batch``, numbered and marked; an ``UnreadBatch`` if it is a dict (``into``,
+        refilled, when given: a batch the loop holds from before ``start_over``)."""
         self.progress = progress
         self._handed += 1
         if type(batch) is not dict:  # cannot tell when it is read: consumed now
+            self.opaque = True
             self.read(self._handed)
             return batch
         self._marks[self._handed] = mark
         self._marks.pop(self._handed - KEEP, None)  # held that far ahead: not a read-ahead
-        return UnreadBatch.handed_out(batch, self, self._handed)
+        unread = UnreadBatch() if into is None else into
+        unread.hold(batch, self, self._handed)
+        if not self._read and self._handed <= KEEP:
+            self._held.append(weakref.ref(unread))
+        return unread
 
     def read(self, number: int) -> None:
         """Batch ``number`` has been read: it and every batch before it are consumed."""
         for n in range(self._read + 1, number + 1):
             self._marks.pop(n, None)
         self._read = max(self._read, number)
+        self._held.clear()
+
+    def start_over(self) -> list[UnreadBatch] | None:
+        """The iteration restarts, none of its batches read: the batches the loop still
+        holds (in order, to hand out again refilled); the numbering begins again. ``None``
+        if more than ``KEEP`` were handed out unread (not a trainer reading ahead)."""
+        if not self.none_read() or self._handed > KEEP:
+            return None
+        held = [batch for ref in self._held if (batch := ref()) is not None]
+        self.progress, self._handed, self._marks, self._held = None, 0, {}, []
+        return held
 
     def none_read(self) -> bool:
         """Whether batches were handed out and the loop has read none of them yet."""
@@ -92,19 +122,19 @@ class UnreadBatch(dict[str, Any]):
     first, it behaves and costs as a plain ``dict``. Copies and pickles are plain dicts.
     """
 
-    __slots__ = ("_handouts", "_number")
+    __slots__ = ("__weakref__", "_handouts", "_number")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._handouts: HandOuts | None = None  # a trainer's rebuilt copy tells nobody
         self._number = 0
 
-    @classmethod
-    def handed_out(cls, batch: dict[str, Any], handouts: HandOuts, number: int) -> UnreadBatch:
-        unread = cls(batch)
-        unread._handouts = handouts
-        unread._number = number
-        return unread
+    def hold(self, batch: dict[str, Any], handouts: HandOuts, number: int) -> None:
+        """Hold ``batch`` (only it), as batch ``number`` handed out by ``handouts``."""
+        super().clear()
+        super().update(batch)
+        self._handouts = handouts
+        self._number = number
 
     def _reading(self) -> None:
         if self._handouts is not None:

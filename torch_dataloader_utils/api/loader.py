@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-import time
 import warnings
 import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch.utils.data
@@ -23,6 +21,7 @@ from ..planning.plan import Position
 from ..reading.packets import WorkerFailure, slot_bytes
 from ..transport.packet import Packet
 from ..transport.slots import SharedSlots
+from .feed import Feed
 from .handout import KEEP, HandOuts
 from .served import ServedDataset
 from .stats import LoaderStats, Recorder
@@ -63,12 +62,17 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         self._slots: SharedSlots | None = None
         self._handouts: HandOuts | None = None  # the current iteration's
         self._recorder = Recorder(self.num_workers)  # the current iteration's timings
+        # Weak: the feed holds the batches' generator, which holds this loader.
+        self._feed: weakref.ref[Feed] | None = None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        batches = self._unpacked() if self.num_workers else self._in_process()
-        self._handouts = HandOuts()
-        self._recorder = Recorder(self.num_workers)
-        return _handed_out(batches, self.dataset, self._handouts, self._recorder)
+        feed = Feed(self._batches(), self.dataset, self.num_workers)
+        self._handouts, self._recorder, self._feed = feed.handouts, feed.recorder, weakref.ref(feed)
+        return feed.handed_out()
+
+    def _batches(self) -> Iterator[Any]:
+        """A new iteration's batches, from where the dataset stands when it begins."""
+        return self._unpacked() if self.num_workers else self._in_process()
 
     def _in_process(self) -> Iterator[Any]:
         """Without workers: a generator, so that, as with workers, the iteration begins at the
@@ -278,8 +282,10 @@ class _EpochSampler(torch.utils.data.Sampler[None]):
     def set_epoch(self, epoch: int) -> None:
         """A trainer begins its epoch ``epoch``: ``dataset.set_epoch(epoch)`` if that is later
         than the dataset's, else nothing (the dataset is in that epoch already, resumed or
-        fresh; or the trainer's count restarted behind it in a resumed process). From now on
-        a state taken after an epoch's last batch says ``finished``."""
+        fresh; or the trainer's count restarted behind it in a resumed process). An iteration
+        whose batches the loop took and has read none of restarts in ``epoch`` under them
+        (``api.feed``). From now on a state taken after an epoch's last batch says
+        ``finished``."""
         loader = self._loader()
         if loader is None:  # the loader is gone: nothing reads through this sampler
             return
@@ -287,51 +293,12 @@ class _EpochSampler(torch.utils.data.Sampler[None]):
         dataset._trainer_moves_epochs()
         if epoch <= dataset.epoch:
             return
-        handouts, progress = loader._handouts, dataset._progress
-        if (
-            handouts is not None
-            and progress is not None
-            and handouts.progress is progress
-            and handouts.none_read()
-            and not progress.ended()
-        ):  # an iteration running, its batches held unread: they are of the epoch before
-            raise RuntimeError(_READ_BEFORE_EPOCH.format(epoch=epoch, began=dataset.epoch))
-        dataset.set_epoch(epoch)
-
-
-# Lightning, resumed from an epoch-end checkpoint, does not load the loader's state (nothing
-# to restart, it thinks) and, when the loader has no len(), reads a batch before moving it.
-_READ_BEFORE_EPOCH = (
-    "the trainer moves the loader to epoch {epoch} after it read a batch of epoch {began} "
-    "ahead: training on would repeat epoch {began}. Lightning's Trainer does so when the "
-    "loader has no len() (token packing) and it resumes from a checkpoint saved at an epoch's "
-    "end, whose loader state it does not load. Resume from a checkpoint of "
-    "ModelCheckpoint(every_n_train_steps=...) instead (docs/trainers.md)"
-)
-
-
-def _handed_out(
-    batches: Iterator[Any], dataset: ServedDataset, handouts: HandOuts, recorder: Recorder
-) -> Iterator[Any]:
-    """``batches`` as handed to the training loop: each marked with where delivery stood
-    before it (``HandOuts``) and timed (``Recorder``); closing this generator closes
-    ``batches``."""
-    try:
-        while True:
-            asked = time.perf_counter()
-            mark = dataset._mark()
-            batch = next(batches, _NOTHING)
-            if batch is _NOTHING:
-                return
-            recorder.record(asked, time.perf_counter(), batch)
-            progress = dataset._progress
-            if progress is not mark.progress:  # the first batch: before it, the start
-                mark = replace(mark, progress=None)
-            yield handouts.hand_out(batch, mark, progress)
-    finally:
-        close = getattr(batches, "close", None)
-        if close is not None:
-            close()
+        feed = loader._feed() if loader._feed is not None else None
+        if feed is None:  # no iterator held
+            dataset.set_epoch(epoch)
+            return
+        feed.set_epoch(epoch, begin=loader._batches)
+        loader._recorder = feed.recorder  # a restart's timings begin again
 
 
 _NOTHING = object()  # no batch of this worker yet
