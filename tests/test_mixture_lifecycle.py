@@ -23,8 +23,9 @@ at every step (``docs/mixing.md``):
   restarted epoch) within 2;
 - a resume continues with exactly the batches the run it was saved from went on with;
 - every state the loader produces goes through JSON and loads into a fresh loader;
-- every refusal is a library error (or the documented ``ValueError`` of an epoch it cannot
-  start) naming what it is about, and only where the docs allow one.
+- every refusal is the library's error of an epoch it cannot start (``EpochStartError``: the
+  documented ``ValueError``, a ``DataLoaderUtilsError`` too) naming the epoch, and only where
+  the docs allow one; any other error fails the sequence.
 
 A replay of an epoch delivers its rows again: at most once holds per pass of a source epoch.
 Restarting an epoch the mixture changed in (or before) reads it as the mixture is built, dealt
@@ -54,8 +55,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from torch_dataloader_utils import DataLoaderUtilsError, StructuredDataset, TokenPacking
+from torch_dataloader_utils import StructuredDataset, TokenPacking
 from torch_dataloader_utils.api.states import start_state
+from torch_dataloader_utils.base.errors import EpochStartError
 
 EXAMPLES = int(os.environ.get("TDU_MIXLIFE_EXAMPLES", "12"))
 STEPS = int(os.environ.get("TDU_MIXLIFE_STEPS", "15"))
@@ -367,9 +369,9 @@ class MixtureLife(RuleBasedStateMachine):
         return self.unrestartable or self.carry_from not in (self.life.epoch - 1, self.life.epoch)
 
     def _refused(self, exc: Exception) -> None:
-        """A refusal: a library error (or the documented ValueError of an epoch the mixture
-        cannot start) that names the epoch."""
-        assert isinstance(exc, DataLoaderUtilsError) or type(exc) is ValueError, repr(exc)
+        """A refusal: the library's error of an epoch the mixture cannot start (the
+        documented ``ValueError``, a ``DataLoaderUtilsError`` too), naming the epoch."""
+        assert isinstance(exc, EpochStartError), repr(exc)
         assert f"epoch {self.life.epoch}" in str(exc), str(exc)
         self.blocked = True
 
@@ -490,6 +492,7 @@ class MixtureLife(RuleBasedStateMachine):
                 try:
                     dataset.set_epoch(epoch)
                 except ValueError as exc:
+                    assert isinstance(exc, EpochStartError), repr(exc)
                     assert may_refuse and rank == 0, f"set_epoch({epoch}): {exc!r}"
                     assert f"epoch {epoch}" in str(exc), str(exc)
                     assert all(d.epoch == life.epoch for _, d in self.jobs)  # unchanged
