@@ -329,3 +329,51 @@ def test_one_datasets_state_takes_path_not_source(
         assert code == 2 and "this state is one dataset's: give its files as PATH" in err, err
     code, out, _ = run(capsys, "verify", str(tmp_path / "one.json"), mixed["paths"]["web"])
     assert code == 0 and "rank 0, epoch 0, 2 files" in out, out
+
+
+def test_inspect_says_how_the_mixture_changed(
+    capsys: pytest.CaptureFixture[str], mixed: dict[str, Any], tmp_path: Path
+) -> None:
+    """``changed`` of a reweighted state and of an elastic resume's, as ``docs/cli.md`` says:
+    a reweight at the end of an epoch keeps that epoch's length per stream (``lengths``), and
+    is not reported as an elastic resume."""
+    web = {"web": mixed["paths"]["web"]}
+    kwargs = {"batch_size": 8, "num_workers": 2}
+    loader, _ = StructuredDataset.create_dataloader(web, weights={"web": 1}, **kwargs)
+    assert sum(len(b["id"]) for b in loader) == 200
+    ended = json.loads(json.dumps(loader.state_dict()))
+    loader, _ = StructuredDataset.create_dataloader(web, weights={"web": 1}, **kwargs)
+    it = iter(loader)
+    next(it)
+    middle = json.loads(json.dumps(loader.state_dict()))
+    it.close()
+    states = {}
+    for name, state in (("ended", ended), ("middle", middle)):
+        loader, _ = StructuredDataset.create_dataloader(mixed["paths"], weights=WEIGHTS, **kwargs)
+        loader.load_state_dict(state, reweight=True)  # code added
+        states[name] = loader.state_dict()
+    loader, _ = StructuredDataset.create_dataloader(web, weights={"web": 1}, batch_size=8)
+    loader.load_state_dict([middle], elastic=True)  # 2 workers -> 0
+    states["elastic"] = loader.state_dict()
+    said = {}
+    for name, state in states.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(state))
+        code, out, _ = run(capsys, "inspect", str(tmp_path / f"{name}.json"), "--json")
+        assert code == 0
+        said[name] = json.loads(out)["ranks"][0]["changed"]
+        code, out, _ = run(capsys, "inspect", str(tmp_path / f"{name}.json"))
+        said[name + " text"] = out.splitlines()[3:5]
+    assert said["ended"] == {"epoch": 0, "positions": [100, 100], "rows": {"web": [100, 100]},
+                             "lengths": [100, 100]}  # fmt: skip
+    assert said["ended text"] == [
+        "  the mixture changed (reweight) at epoch 0 positions [100, 100]",
+        "  epoch 0 runs to [100, 100] positions per worker stream after the change",
+    ]
+    assert said["middle"] == {"epoch": 0, "positions": [8, 0], "rows": {"web": [8, 0]},
+                              "lengths": []}  # fmt: skip
+    assert said["middle text"][0] == "  the mixture changed (reweight) at epoch 0 positions [8, 0]"
+    assert said["middle text"][1].startswith("source web: ")  # no line on the epoch's end
+    assert said["elastic"] == {"epoch": 0, "positions": [], "rows": {}, "lengths": [192]}
+    assert said["elastic text"][0] == (
+        "  epoch 0 dealt anew by an elastic resume: [192] positions per worker stream"
+    )

@@ -130,3 +130,36 @@ def test_a_failed_load_in_a_group_leaves_the_dataset_as_it_was(
         dataset.restore_state_global([state])
     assert "(rank 0 could not load its state;" in "".join(info.value.__notes__)
     assert dataset.state_dict() == before
+
+
+@pytest.mark.ddp
+def test_a_state_of_the_other_kind_is_refused_naming_what_saved_it(
+    solo_group: None,  # noqa: F811
+    parquet_dir: Path,
+    small_split: int,
+    tmp_path: Path,
+) -> None:
+    """``docs/ddp.md``: a state of one dataset given to a mixture, or the other way round, is
+    refused by ``restore_state_global`` (scattered or not) and ``load_state_dict`` alike,
+    naming what saved it; the dataset keeps the state it had."""
+    single = StructuredDataset(str(parquet_dir), batch_size=24, split_bytes=small_split)
+    paths = {"a": write_source(tmp_path, "a", 0, 40), "b": write_source(tmp_path, "b", 1, 40)}
+    mixture = StructuredDataset(paths, weights={"a": 1, "b": 1}, batch_size=4)
+    cases = [
+        (single, mixture, "this state was saved by a mixture of sources ['a', 'b']"),
+        (mixture, single, "the state has no key '_mixture': it was saved by a dataset of one"),
+    ]
+    for into, other, said in cases:
+        before = into.state_dict()
+        states = [other.state_dict()]
+        loads: list[tuple[Any, Any, dict[str, Any]]] = [
+            (into.restore_state_global, states, {}),
+            (into.restore_state_global, states, {"src_rank": None}),
+            (into.restore_state_global, states, {"elastic": True}),
+            (into.load_state_dict, states[0], {}),
+        ]
+        for load, given, kwargs in loads:
+            with pytest.raises(InvalidStateError) as info:
+                load(given, **kwargs)
+            assert said in str(info.value), str(info.value)
+        assert into.state_dict() == before

@@ -198,6 +198,15 @@ def test_set_epoch_of_a_packed_mixture_raises_where_it_cannot_start(tmp_path: Pa
     loader.load_state_dict(state)
     with pytest.raises(EpochStartError, match="epoch 1 continues each source"):
         ds.set_epoch(1)
+    # at its start, but dealt by an elastic resume: its rest reads, a restart is refused
+    ds.set_epoch(0)
+    list(loader)
+    ds.set_epoch(1)
+    start = json.loads(json.dumps(loader.state_dict()))
+    loader.load_state_dict([start], elastic=True)
+    assert len(list(loader)) == 5
+    with pytest.raises(EpochStartError, match="epoch 1 continues each source"):
+        ds.set_epoch(1)
 
 
 # ------------------------------------------------------------------ restarting a loaded epoch

@@ -23,8 +23,9 @@ at every step (``docs/mixing.md``):
   restarted epoch) within 2;
 - a resume continues with exactly the batches the run it was saved from went on with;
 - every state the loader produces goes through JSON and loads into a fresh loader;
-- every refusal is a library error (or the documented ``ValueError`` of an epoch it cannot
-  start) naming what it is about, and only where the docs allow one.
+- every refusal is the library's error of an epoch it cannot start (``EpochStartError``: the
+  documented ``ValueError``, a ``DataLoaderUtilsError`` too) naming the epoch, and only where
+  the docs allow one; any other error fails the sequence.
 
 A replay of an epoch delivers its rows again: at most once holds per pass of a source epoch.
 Restarting an epoch the mixture changed in (or before) reads it as the mixture is built, dealt
@@ -54,8 +55,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from torch_dataloader_utils import DataLoaderUtilsError, StructuredDataset, TokenPacking
+from torch_dataloader_utils import StructuredDataset, TokenPacking
 from torch_dataloader_utils.api.states import start_state
+from torch_dataloader_utils.base.errors import EpochStartError
 
 EXAMPLES = int(os.environ.get("TDU_MIXLIFE_EXAMPLES", "12"))
 STEPS = int(os.environ.get("TDU_MIXLIFE_STEPS", "15"))
@@ -367,9 +369,9 @@ class MixtureLife(RuleBasedStateMachine):
         return self.unrestartable or self.carry_from not in (self.life.epoch - 1, self.life.epoch)
 
     def _refused(self, exc: Exception) -> None:
-        """A refusal: a library error (or the documented ValueError of an epoch the mixture
-        cannot start) that names the epoch."""
-        assert isinstance(exc, DataLoaderUtilsError) or type(exc) is ValueError, repr(exc)
+        """A refusal: the library's error of an epoch the mixture cannot start (the
+        documented ``ValueError``, a ``DataLoaderUtilsError`` too), naming the epoch."""
+        assert isinstance(exc, EpochStartError), repr(exc)
         assert f"epoch {self.life.epoch}" in str(exc), str(exc)
         self.blocked = True
 
@@ -490,6 +492,7 @@ class MixtureLife(RuleBasedStateMachine):
                 try:
                     dataset.set_epoch(epoch)
                 except ValueError as exc:
+                    assert isinstance(exc, EpochStartError), repr(exc)
                     assert may_refuse and rank == 0, f"set_epoch({epoch}): {exc!r}"
                     assert f"epoch {epoch}" in str(exc), str(exc)
                     assert all(d.epoch == life.epoch for _, d in self.jobs)  # unchanged
@@ -548,8 +551,15 @@ class MixtureLife(RuleBasedStateMachine):
                     loader.load_state_dict(states[rank], reweight=how == "reweight")
         changed = how == "elastic" or shape.mixture != saved.mixture
         self.carry_from = self.life.epoch if shape.packed else None
+        # packed, an epoch >= 1 loaded mid-way or dealt by an elastic resume (now, or in the
+        # state's segment: a restart reads the epoch as built) may not restart
+        dealt = how == "elastic" or any(
+            s["_mixture"]["segment"][0] == s["epoch"] and s["_mixture"]["segment"][3]
+            for s in states
+        )  # fmt: skip
         self.unrestartable = (
-            shape.packed and self.life.epoch > 0 and any(p for s in states for p in s["streams"])
+            shape.packed and self.life.epoch > 0
+            and (dealt or any(p for s in states for p in s["streams"]))
         )  # fmt: skip
         if how == "elastic":  # a new world (never one before: their deals differ)
             self.life.world = self.worlds = self.worlds + 1
@@ -667,7 +677,8 @@ def test_pinned_sequences() -> None:
     """Sequences the machine once got wrong: a restart after an elastic load reads the epoch
     dealt afresh (a new pass of its rows); a fresh packed mixture's set_epoch(1) is refused
     at once, the dataset unchanged; a reweight into an epoch shorter than the positions read
-    ends it where it stands, and set_epoch(1) continues each source."""
+    ends it where it stands, and set_epoch(1) continues each source; a packed epoch 1 an
+    elastic resume dealt, at its start, may refuse to restart (as one loaded mid-way)."""
     plain = {"count": 2, "weights": [1, 1, 1], "shuffle": False, "workers": 0, "size": None}
     nxt, it = ("set_epoch", {"back": 1, "which": "next"}), ("iterate", {"k": 5})
     machine = _drive(
@@ -681,3 +692,11 @@ def test_pinned_sequences() -> None:
     removed = ("resume", {"how": "reweight", "pick": 0, "data": _Drawn("remove", "a", 1)})
     machine = _drive({**plain, "packed": False}, [it, it, ("checkpoint", {}), removed, it, nxt])
     assert machine.life.places[(0, "b")][:2] == [1, 19]  # 25 rows: 6 ended its epoch 0
+    # packed, a state at the start of epoch 1 dealt by an elastic resume (loaded elastically,
+    # or saved after one): the rest reads, a restart may be refused (found at 200 x 30)
+    same = ("set_epoch", {"back": 1, "which": "same"})
+    for then in ([], [("checkpoint", {}), ("resume", {"how": "exact", "pick": 1, "data": None})]):
+        elastic = ("resume", {"how": "elastic", "pick": 0, "data": _Drawn(1, 0)})
+        steps = [("iterate", {"k": 3}), nxt, ("checkpoint", {}), elastic, *then, same]
+        machine = _drive({**plain, "packed": True}, steps)
+        assert (machine.life.epoch, machine.blocked) == (1, False)  # refused, the rest read

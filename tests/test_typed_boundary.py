@@ -131,6 +131,8 @@ WRONG_IN_A_MIXTURE: list[tuple[dict[str, Any], str]] = [
       for value in ("2", 2.0, True, 0)],
     *[({"source": {"when_exhausted": value}}, "when_exhausted of source 'a'")
       for value in (None, 3, "Stop", ["stop"])],
+    *[({"source": {"text_column": value}}, "text_column of source 'a'")
+      for value in (3, b"text", "", ["text"])],
     *[({"weights": value}, "weights") for value in ("ab", [1, 1], {"a": 1}, {"a": 1, 2: 1})],
     *[({"weights": {"a": value, "b": 1}}, "weights['a']") for value in ("1", 1.5, True, 0, -2)],
     ({"weights": {"a": 2**40, "b": 1}}, "weights"),

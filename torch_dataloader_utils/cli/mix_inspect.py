@@ -125,7 +125,12 @@ def _render_rank(rank: Report) -> list[str]:
             f"  the mixture changed (reweight) at epoch {changed['epoch']} positions "
             f"{changed['positions']}"
         )
-    if changed and changed["lengths"]:
+    if changed and changed["lengths"] and changed["positions"]:  # a reweight kept its end
+        lines.append(
+            f"  epoch {changed['epoch']} runs to {changed['lengths']} positions per worker "
+            f"stream after the change"
+        )
+    elif changed and changed["lengths"]:
         lines.append(
             f"  epoch {changed['epoch']} dealt anew by an elastic resume: "
             f"{changed['lengths']} positions per worker stream"

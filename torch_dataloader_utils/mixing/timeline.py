@@ -25,13 +25,15 @@ __all__ = ["Segment", "Timeline"]
 class Segment:
     """Where the current schedule took over: the mixture epoch then, each worker stream's
     position in it (``()``: all 0), the rows of each source it had read (a source not named:
-    none) and, after an elastic resume, the positions of that epoch left to each stream. The
-    origin until a state is loaded with ``reweight=True`` or ``elastic=True``."""
+    none) and the positions of that epoch per stream where the change fixed them (the rest an
+    elastic resume dealt; after a reweight, an epoch a stream had ended; ``()``: the epoch's
+    own, or the position if later). The origin until a state is loaded with ``reweight=True``
+    or ``elastic=True``."""
 
     epoch: int = 0
     positions: tuple[int, ...] = ()
     counts: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
-    lengths: tuple[int, ...] = ()  # positions of epoch ``epoch`` (an elastic resume's rest)
+    lengths: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
