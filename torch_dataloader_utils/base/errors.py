@@ -67,8 +67,7 @@ class SchemaMismatchError(DataLoaderUtilsError, ValueError):
 class EpochStartError(DataLoaderUtilsError, ValueError):
     """An epoch the dataset cannot start from where it stands: a packed mixture's epoch after
     the first continues each source where the epoch before it ended, which neither this process
-    nor the loaded state knows (``docs/mixing.md``). Not exported: catch ``ValueError``
-    or ``DataLoaderUtilsError``."""
+    nor the loaded state knows (``docs/mixing.md``)."""
 
 
 class DataSourceError(DataLoaderUtilsError, OSError):
