@@ -5,6 +5,7 @@
     ├── InvalidStateError (ValueError)       a state dict that is unknown, truncated or corrupted
     ├── SchemaMismatchError (ValueError)     files whose schemas differ
     ├── EpochStartError (ValueError)         an epoch the dataset cannot start from where it is
+    ├── NotSupportedError (NotImplementedError) settings that this version cannot combine yet
     ├── DataSourceError (OSError)            a file that cannot be listed, read or decoded
     ├── UnsendableBatchError (TypeError)     a batch a DataLoader worker cannot pickle
     └── LostBatchesError (RuntimeError)      batches a worker sent that never arrived
@@ -68,6 +69,11 @@ class EpochStartError(DataLoaderUtilsError, ValueError):
     the first continues each source where the epoch before it ended, which neither this process
     nor the loaded state knows (``docs/mixing.md``). Not exported: catch ``ValueError``
     or ``DataLoaderUtilsError``."""
+
+
+class NotSupportedError(DataLoaderUtilsError, NotImplementedError):
+    """Settings this version cannot combine yet; the message says what works instead. Not
+    exported: catch ``NotImplementedError`` or ``DataLoaderUtilsError``."""
 
 
 class DataSourceError(DataLoaderUtilsError, OSError):

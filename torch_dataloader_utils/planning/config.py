@@ -59,6 +59,8 @@ class DatasetConfig:
         self._check_packing()
         if self.tokenize is not None and not isinstance(self.tokenize, Tokenize):
             raise TypeError(f"tokenize must be a Tokenize, got {type(self.tokenize).__name__}")
+        if self.tokenize is not None and self.packing is not None:
+            self.tokenize.check_packing(self.packing)
 
     def _normalize_ints(self) -> None:
         """Builtin ints (numpy's taken too), so that a state holds builtins only."""
@@ -81,7 +83,8 @@ class DatasetConfig:
         columns = self.columns if self.packing is None else (self.packing.column,)
         if self.tokenize is None or columns is None:
             return columns
-        return tuple(self.tokenize.read_column(name) for name in columns)
+        # a chat's tokens and labels are both read as its conversations: once
+        return tuple(dict.fromkeys(self.tokenize.read_column(name) for name in columns))
 
     def delivered(self, schema: pa.Schema) -> pa.Schema:
         """The schema of what a stream delivers from files of ``schema`` (the columns read):
