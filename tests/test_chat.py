@@ -25,7 +25,7 @@ from torch_dataloader_utils import (
     Tokenize,
     TokenPacking,
 )
-from torch_dataloader_utils.reading import tokenizing
+from torch_dataloader_utils.reading import chat
 from torch_dataloader_utils.reading.chat import chat_tokenized
 
 SPECIAL = ["<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|start_header_id|>",
@@ -170,7 +170,7 @@ def test_tokens_and_labels_are_apply_chat_templates(
 ) -> None:
     """For every row: ``input_ids`` as ``apply_chat_template``'s, ``labels`` its tokens where
     its assistant mask is 1 and -100 elsewhere (calls of ~100 bytes: several per chunk)."""
-    monkeypatch.setattr(tokenizing, "_ENCODE_BYTES", 100)
+    monkeypatch.setattr(chat, "_CALL_BYTES", 100)
     tokenize = Tokenize("messages", any_fast, chat_template=TEMPLATES[name])
     assert_as_transformers(any_fast, conversations, tokenize, TEMPLATES[name])
 

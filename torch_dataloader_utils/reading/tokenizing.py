@@ -57,10 +57,10 @@ def tokenized(
         yield chunk.slice(start, stop - start).set_column(index, field, tokens), stop
 
 
-def call_bounds(sizes: np.ndarray) -> np.ndarray:
+def call_bounds(sizes: np.ndarray, per_call: int = _ENCODE_BYTES) -> np.ndarray:
     """Row bounds of the tokenizer's calls over rows of ``sizes`` bytes of text (``int64``): a
-    call per ``_ENCODE_BYTES`` of text begun."""
-    call = (np.cumsum(sizes) - sizes) // _ENCODE_BYTES
+    call per ``per_call`` bytes of text begun."""
+    call = (np.cumsum(sizes) - sizes) // per_call
     return np.concatenate(([0], np.flatnonzero(np.diff(call)) + 1, [len(sizes)]))
 
 
