@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from _bench_util import cached_files, machine_note, paired, quiet_setup, summary, timed
+from bench_text import verdict
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -246,10 +247,6 @@ def offline(files: list[str], fast: PreTrainedTokenizerFast, workers: int) -> di
 
 
 # ----------------------------------------------------------------------------- report
-
-
-def verdict(value: float, target: float) -> str:
-    return f"{'meets' if value >= target else 'MISSES'} target ≥ {target}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,7 +57,7 @@ class Tokenize:
     ``chat_template`` (``True``: the tokenizer's own; or a template string) reads the column as
     conversations (``list<struct<role, content>>``; ``role_field`` / ``content_field`` name
     other fields, ``roles`` renames roles) and adds the column ``labels``: a token where the
-    template's ``{% generation %}`` blocks hold it, -100 elsewhere (``docs/text.md``).
+    template's ``{% generation %}`` blocks hold it, -100 elsewhere (``docs/chat.md``).
     """
 
     column: str

@@ -144,7 +144,7 @@ def _rendered(
             messages = [message(fields) for fields in conversation]
             with recording(blocks, found):
                 blocks.extend(template.generate(messages=messages, **variables))
-        except jinja2.TemplateError as exc:  # the template refuses this conversation
+        except Exception as exc:  # raise_exception, or any error of the template: name the row
             raise DataSourceError(
                 f"{describe(row)}: the chat template raised {type(exc).__name__}: {exc}"
             ) from exc
