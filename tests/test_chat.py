@@ -190,6 +190,20 @@ def test_the_tokenizers_own_template_and_a_bare_tokenizer(fast: PreTrainedTokeni
         Tokenize("messages", fast.backend_tokenizer, chat_template=True)
 
 
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pa.large_list(pa.struct({"role": pa.large_string(), "content": pa.large_string()})),
+        pa.list_(pa.struct({"content": pa.string_view(), "role": pa.string()})),
+    ],
+)
+def test_large_and_view_types(fast: PreTrainedTokenizerFast, kind: pa.DataType) -> None:
+    rows = [[{"role": "user", "content": "hello"}, {"role": "assistant", "content": "東京 café"}]]
+    batch = delivered(rows, Tokenize("messages", fast, chat_template=CHATML), kind)
+    expected = reference(fast, rows[0], CHATML)
+    assert (batch.column("input_ids")[0].as_py(), batch.column("labels")[0].as_py()) == expected
+
+
 def test_sharegpt_fields_and_roles(any_fast: PreTrainedTokenizerFast) -> None:
     """``from``/``value`` read as role and content, ``human``/``gpt`` as user/assistant; other
     roles unchanged; other fields reach the template, null ones left out."""

@@ -53,7 +53,10 @@ def chat_tokenized(
     index = chunk.schema.get_field_index(tokenize.column)
     delivered = tokenize.delivered(chunk.schema)
     template, encode = compiled(chat.template), tokenize.chat_encoder()
-    sizes = pc.binary_length(messages.field(chat.content_field)).to_numpy(zero_copy_only=False)
+    content = messages.field(chat.content_field)
+    if content.type == pa.string_view():  # Arrow's length kernel takes offsets
+        content = content.cast(pa.large_string())
+    sizes = pc.binary_length(content).to_numpy(zero_copy_only=False)
     before = np.concatenate(([0], np.cumsum(sizes + _MESSAGE_BYTES)))
     for start, stop in itertools.pairwise(
         call_bounds(np.diff(before[starts]), _CALL_BYTES).tolist()
