@@ -22,6 +22,7 @@ __all__ = [
     "EpochStartError",
     "InvalidStateError",
     "LostBatchesError",
+    "NotSupportedError",
     "SchemaMismatchError",
     "UnsendableBatchError",
 ]
