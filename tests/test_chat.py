@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -119,6 +120,7 @@ def delivered(conversations: list[Any], tokenize: Tokenize, kind: Any = None) ->
     assert [end for _, end in parts][-1] == len(conversations)
     joined = pa.Table.from_batches([part for part, _ in parts]).combine_chunks()
     assert joined.schema.names == ["id", tokenize.output, "labels"]
+    assert joined.schema.field("labels").type == pa.list_(pa.int64())
     assert joined.column("id").to_pylist() == list(range(len(conversations)))
     return joined.to_batches()[0]
 
@@ -397,7 +399,10 @@ def test_batches_hold_jagged_tokens_and_labels_and_resume_exactly(
     only, _ = StructuredDataset.create_dataloader(
         str(chat_dir), batch_size=4, tokenize=tokenize, columns=["input_ids", "labels"]
     )
-    assert list(next(iter(only))) == ["input_ids", "labels"]
+    batch = next(iter(only))
+    assert list(batch) == ["input_ids", "labels"]
+    # labels are int64: cross-entropy's targets as they come (int32 ones are refused)
+    assert (batch["input_ids"].dtype, batch["labels"].dtype) == (torch.int32, torch.int64)
 
 
 def test_another_template_is_refused_on_resume(

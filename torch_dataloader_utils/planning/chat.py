@@ -135,11 +135,12 @@ class ChatFormat:
             )
 
     def delivered(self, schema: pa.Schema, column: str, output: str) -> pa.Schema:
-        """``schema`` with ``column`` replaced, in its place, by the tokens and the labels."""
+        """``schema`` with ``column`` replaced, in its place, by the tokens (``list<int32>``)
+        and the labels (``list<int64>``: what PyTorch's cross-entropy takes as targets)."""
         index = schema.get_field_index(column)
-        tokens = pa.list_(pa.int32())
-        schema = schema.set(index, pa.field(output, tokens, nullable=False))
-        return schema.insert(index + 1, pa.field(self.labels, tokens, nullable=False))
+        schema = schema.set(index, pa.field(output, pa.list_(pa.int32()), nullable=False))
+        labels = pa.field(self.labels, pa.list_(pa.int64()), nullable=False)
+        return schema.insert(index + 1, labels)
 
 
 def _is_string(kind: pa.DataType) -> bool:

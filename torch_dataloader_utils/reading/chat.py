@@ -44,7 +44,8 @@ def chat_tokenized(
     chunk: pa.RecordBatch, tokenize: Tokenize, describe: Describe
 ) -> Iterator[tuple[pa.RecordBatch, int]]:
     """``chunk``'s rows a slice per call of the tokenizer, the conversation column replaced by
-    the tokens ``tokenize.output`` and the ``labels`` after them (both ``list<int32>``), with
+    the tokens ``tokenize.output`` (``list<int32>``) and the ``labels`` after them
+    (``list<int64>``), with
     the chunk's rows up to the slice's end (as ``tokenizing.tokenized``)."""
     chat = tokenize.chat
     assert chat is not None, "chat_tokenized needs a chat Tokenize"
@@ -182,7 +183,7 @@ def _labelled(
     encodings: list[Any], texts: list[str], spans: list[Spans]
 ) -> tuple[pa.Array, pa.Array]:
     """The tokens of ``encodings`` and their labels (the token where it overlaps an assistant
-    span, as ``apply_chat_template`` decides, else ``IGNORED``), as ``list<int32>`` columns."""
+    span, as ``apply_chat_template`` decides, else ``IGNORED``), as list columns."""
     ids = [encoding.ids for encoding in encodings]
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     total = int(lengths.sum())
@@ -205,7 +206,7 @@ def _labelled(
     span_starts = np.append(flat[:, 0], np.iinfo(np.int64).max)
     past_row = span >= np.repeat(np.cumsum(span_counts), lengths)
     span[past_row] = len(flat)
-    labels = values.copy()
+    labels = values.astype(np.int64)
     labels[offsets[:, 1] + shift <= span_starts[span]] = IGNORED
     bounds = pa.array(np.concatenate(([0], np.cumsum(lengths))).astype(np.int32))
     return (
