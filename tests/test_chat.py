@@ -451,3 +451,18 @@ def test_packing_a_chat_waits_for_companion_columns(
         loader_of(chat_dir, Tokenize("messages", fast, chat_template=CHATML),
                   packing=TokenPacking("input_ids", seq_len=32))  # fmt: skip
     assert isinstance(info.value, DataLoaderUtilsError)
+
+
+def test_packing_a_chat_needs_the_labels_as_a_companion(fast: PreTrainedTokenizerFast) -> None:
+    """Once ``TokenPacking`` has companions, the labels must be one of them."""
+    tokenize = Tokenize("messages", fast, chat_template=CHATML)
+
+    class WithCompanions:
+        companions: dict[str, int] = {"loss_mask": 0}  # noqa: RUF012
+
+    with pytest.raises(ValueError, match=r"pass TokenPacking\('input_ids', ..., companions="
+                       r"\{'labels': -100\}\)"):  # fmt: skip
+        tokenize.check_packing(WithCompanions())  # type: ignore[arg-type]
+    WithCompanions.companions = {"labels": -100}
+    tokenize.check_packing(WithCompanions())  # type: ignore[arg-type]
+    Tokenize("text", fast).check_packing(TokenPacking("input_ids", seq_len=8))  # text: no check
