@@ -70,8 +70,9 @@ def check_setting(name: str, expected: object, found: object, split: str) -> Non
         hint = " (the rows of a shuffle window follow the files' bytes per row)"
     if name == "tokenizer":
         hint = (
-            " (the text column, the tokenizer's definition or bos_id/eos_id differ: the "
-            "checkpoint's token positions would count other tokens)"
+            " (the text column, the tokenizer's definition, bos_id/eos_id or the chat template, "
+            "its roles and fields differ: the checkpoint's token positions would count other "
+            "tokens)"
         )
     if name.startswith("whole_documents"):
         hint = (

@@ -61,6 +61,8 @@ class DatasetConfig:
         if self.tokenize is not None and not isinstance(self.tokenize, Tokenize):
             raise TypeError(f"tokenize must be a Tokenize, got {type(self.tokenize).__name__}")
         self._check_packing()
+        if self.tokenize is not None and self.packing is not None:
+            self.tokenize.check_packing(self.packing)
 
     def _normalize_ints(self) -> None:
         """Builtin ints (numpy's taken too), so that a state holds builtins only."""
@@ -85,6 +87,7 @@ class DatasetConfig:
         columns = self.columns if packing is None else (packing.column, *packing.companions)
         if self.tokenize is None or columns is None:
             return columns
+        # a chat's tokens and labels are both read as its conversations: once
         return tuple(dict.fromkeys(self.tokenize.read_column(name) for name in columns))
 
     def delivered(self, schema: pa.Schema) -> pa.Schema:

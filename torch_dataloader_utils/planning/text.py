@@ -17,11 +17,16 @@ The tokenizer is one of:
 The fingerprint is the xxh3 of the tokenizer's complete serialized definition (``to_str()``:
 vocabulary, merges, normalizer, pre-tokenizer, added tokens), or of ``name`` for a callable,
 with ``bos_id`` and ``eos_id``. No tokenizer library is imported here.
+
+With ``chat_template`` the column holds conversations instead (``planning.chat``): each renders
+with the template and makes the token column and a ``labels`` column beside it; the template,
+roles and fields are part of the fingerprint.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +35,8 @@ import pyarrow.types as pat
 import xxhash
 
 from ..base.args import optional_name, optional_whole
+from .chat import ChatFormat
+from .tokens import TokenPacking
 
 __all__ = ["MAX_TOKEN_ID", "Encoder", "Tokenize"]
 
@@ -45,6 +52,11 @@ class Tokenize:
 
     ``bos_id`` / ``eos_id`` (optional) begin / end every row's tokens. ``name`` names a callable
     tokenizer (required for one; optional otherwise, used in messages).
+
+    ``chat_template`` (``True``: the tokenizer's own; or a template string) reads the column as
+    conversations (``list<struct<role, content>>``; ``role_field`` / ``content_field`` name
+    other fields, ``roles`` renames roles) and adds the column ``labels``: a token where the
+    template's ``{% generation %}`` blocks hold it, -100 elsewhere (``docs/chat.md``).
     """
 
     column: str
@@ -53,7 +65,13 @@ class Tokenize:
     eos_id: int | None = None
     output: str = "input_ids"
     name: str | None = None
+    chat_template: bool | str = False
+    roles: Mapping[str, str] | None = field(default=None, compare=False)  # in the fingerprint
+    role_field: str = "role"
+    content_field: str = "content"
+    labels: str = "labels"
     fingerprint: str = field(init=False)
+    chat: ChatFormat | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for key in ("column", "output"):
@@ -66,12 +84,38 @@ class Tokenize:
             if value is not None and not 0 <= value <= MAX_TOKEN_ID:
                 raise ValueError(f"Tokenize {key}={value} is not a token id (0..{MAX_TOKEN_ID})")
             object.__setattr__(self, key, value)
-        definition = _definition(self.tokenizer, self.name)
+        object.__setattr__(self, "chat", self._chat())
+        parts = [_definition(self.tokenizer, self.name), str(self.bos_id), str(self.eos_id)]
+        if self.chat is not None:
+            parts.append(self.chat.definition)
         digest = xxhash.xxh3_64()
-        for part in (definition, str(self.bos_id), str(self.eos_id)):
+        for part in parts:
             digest.update(part.encode())
             digest.update(b"\0")
         object.__setattr__(self, "fingerprint", digest.hexdigest())
+
+    def _chat(self) -> ChatFormat | None:
+        """The chat format asked for (``None``: text), checked against the other arguments."""
+        if self.chat_template is False:
+            return None
+        if self.bos_id is not None or self.eos_id is not None:
+            raise ValueError(
+                "Tokenize takes bos_id/eos_id for text, not with chat_template: a chat template "
+                "writes the special tokens itself"
+            )
+        if _backend(self.tokenizer) is None:
+            raise TypeError(
+                f"Tokenize with chat_template needs a tokenizers.Tokenizer or a transformers fast "
+                f"tokenizer, got {type(self.tokenizer).__name__}: the labels map the assistant's "
+                f"characters to tokens through the tokenizer's offsets"
+            )
+        if self.labels in (self.output, self.column):
+            raise ValueError(f"Tokenize labels {self.labels!r} is also the tokens' or the "
+                             f"column's name")  # fmt: skip
+        return ChatFormat.of(
+            self.tokenizer, self.chat_template, roles=self.roles, role_field=self.role_field,
+            content_field=self.content_field, labels=self.labels,
+        )  # fmt: skip
 
     @property
     def setting(self) -> list[str]:
@@ -86,7 +130,9 @@ class Tokenize:
                 f"Tokenize column {self.column!r} is not in {where}; columns: {schema.names}"
             )
         kind = schema.field(self.column).type
-        if not _is_text(kind):
+        if self.chat is not None:
+            self.chat.check(schema, self.column, where)
+        elif not _is_text(kind):
             raise ValueError(
                 f"Tokenize column {self.column!r} of {where} has type {kind}; tokenizing needs "
                 f"text: string, large_string, string_view, or binary holding UTF-8"
@@ -98,14 +144,30 @@ class Tokenize:
                 f"(columns=)"
             )
 
+    def check_packing(self, packing: TokenPacking) -> None:
+        """Raise unless ``packing`` can pack what this makes: a chat's labels travel beside its
+        tokens as a per-token companion column."""
+        if self.chat is None:
+            return
+        labels = self.chat.labels
+        if labels not in packing.companions:
+            raise ValueError(
+                f"packing chat data carries its labels beside the tokens: pass "
+                f"TokenPacking({self.output!r}, ..., companions={{{labels!r}: -100}})"
+            )
+
     def delivered(self, schema: pa.Schema) -> pa.Schema:
-        """``schema`` with the text column replaced, in its place, by the token column."""
+        """``schema`` with the text column replaced, in its place, by the token column (and
+        the labels column after it, for chat)."""
+        if self.chat is not None:
+            return self.chat.delivered(schema, self.column, self.output)
         index = schema.get_field_index(self.column)
         return schema.set(index, pa.field(self.output, pa.list_(pa.int32()), nullable=False))
 
     def read_column(self, name: str) -> str:
         """The column of the files that delivers column ``name``."""
-        return self.column if name == self.output else name
+        made = (self.output,) if self.chat is None else (self.output, self.chat.labels)
+        return self.column if name in made else name
 
     @property
     def label(self) -> str:
@@ -123,6 +185,11 @@ class Tokenize:
             return [encoding.ids for encoding in encode(texts, add_special_tokens=False)]
 
         return encode_texts
+
+    def chat_encoder(self) -> Callable[[list[str]], list[Any]]:
+        """The call that tokenizes rendered conversations as ``apply_chat_template`` does: no
+        special tokens added, ``tokenizers.Encoding`` s with their character offsets."""
+        return functools.partial(_backend(self.tokenizer).encode_batch, add_special_tokens=False)
 
 
 def _is_text(kind: pa.DataType) -> bool:

@@ -33,6 +33,7 @@ from ..planning.tokens import TokenPacking
 from ..storage.filesystem import Storage
 from ..storage.remote import WINDOW
 from .bestfit import whole_batches
+from .chat import chat_tokenized
 from .packing import pack_tokens
 from .pieces import Opener, piece_chunks, piece_read
 from .prefetch import prefetch
@@ -128,7 +129,8 @@ class StreamSource:
     def _tokenized(
         self, chunks: Iterator[tuple[pa.RecordBatch, int]], tokenize: Tokenize
     ) -> Iterator[tuple[Chunk, int]]:
-        """``chunks`` with their text tokenized, cut where the tokenizer's calls end.
+        """``chunks`` with their text (or conversations) tokenized, cut where the tokenizer's
+        calls end.
 
         In a DataLoader worker the tokenizer runs on one thread (the workers are the
         parallelism): ``tokenizers`` would start a pool of a thread per core in every worker
@@ -143,7 +145,12 @@ class StreamSource:
                 def describe(row: int, first: int = first) -> str:
                     return self.describe_row(first + row)
 
-                for part, rows in tokenized(chunk, tokenize, encode, describe):
+                parts = (
+                    tokenized(chunk, tokenize, encode, describe)
+                    if tokenize.chat is None
+                    else chat_tokenized(chunk, tokenize, describe)
+                )
+                for part, rows in parts:
                     yield part, first + rows
         finally:
             chunks.close()  # type: ignore[attr-defined]

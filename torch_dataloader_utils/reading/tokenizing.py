@@ -26,7 +26,7 @@ import pyarrow.types as pat
 from ..base.errors import DataSourceError
 from ..planning.text import MAX_TOKEN_ID, Encoder, Tokenize
 
-__all__ = ["tokenized"]
+__all__ = ["call_bounds", "tokenized"]
 
 # Bytes of text per call of the tokenizer: a few hundred rows, calls' overhead negligible.
 _ENCODE_BYTES = 2**17
@@ -45,7 +45,8 @@ def tokenized(
     column = _texts(chunk.column(tokenize.column), tokenize, describe)
     index = chunk.schema.get_field_index(tokenize.column)
     field = tokenize.delivered(chunk.schema).field(index)
-    for start, stop in itertools.pairwise(_calls(column).tolist()):
+    sizes = pc.binary_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+    for start, stop in itertools.pairwise(call_bounds(sizes).tolist()):
         texts = column.slice(start, stop - start).to_pylist()  # one call's texts at a time
         lengths, values = _encoded(texts, start, tokenize, encode, describe)
 
@@ -56,12 +57,11 @@ def tokenized(
         yield chunk.slice(start, stop - start).set_column(index, field, tokens), stop
 
 
-def _calls(column: pa.Array) -> np.ndarray:
-    """Row bounds of the tokenizer's calls: a call per ``_ENCODE_BYTES`` of text begun (the
-    texts' UTF-8 sizes, from Arrow's offsets)."""
-    sizes = pc.binary_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
-    call = (np.cumsum(sizes) - sizes) // _ENCODE_BYTES
-    return np.concatenate(([0], np.flatnonzero(np.diff(call)) + 1, [len(column)]))
+def call_bounds(sizes: np.ndarray, per_call: int = _ENCODE_BYTES) -> np.ndarray:
+    """Row bounds of the tokenizer's calls over rows of ``sizes`` bytes of text (``int64``): a
+    call per ``per_call`` bytes of text begun."""
+    call = (np.cumsum(sizes) - sizes) // per_call
+    return np.concatenate(([0], np.flatnonzero(np.diff(call)) + 1, [len(sizes)]))
 
 
 def _encoded(
