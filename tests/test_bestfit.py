@@ -104,11 +104,14 @@ def test_best_fit_puts_each_document_where_it_fits_best() -> None:
 
 def test_window_places_documents_whole_and_pads_each_sequence() -> None:
     values = np.arange(100, 116)  # documents of 5, 3, 8 tokens, one after the other
-    window = Window.pack(values, np.array([5, 3, 8]), placed=np.array([5, 3, 8]), seq_len=10,
-                         pad_id=-2)  # fmt: skip
-    rows = window.tokens.reshape(-1, 10).tolist()
+    labels = -values.astype(np.int8)  # a companion: each column placed and padded alike
+    window = Window.pack((values, labels), np.array([5, 3, 8]), placed=np.array([5, 3, 8]),
+                         seq_len=10, pads=(-2, 7))  # fmt: skip
+    rows = window.columns[0].reshape(-1, 10).tolist()
     assert rows == [[108, 109, 110, 111, 112, 113, 114, 115, -2, -2],
                     [100, 101, 102, 103, 104, 105, 106, 107, -2, -2]]  # fmt: skip
+    assert window.columns[1].dtype == np.int8
+    assert window.columns[1].tolist() == [-t if t != -2 else 7 for row in rows for t in row]
     assert window.starts.tolist() == [0, 8, 10, 15, 18]
     assert window.fill.tolist() == [8, 8] and window.rows_of(1).tolist() == [2]
 

@@ -11,6 +11,7 @@ the separator or padding, the companion's pad.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -91,9 +92,23 @@ def without_companions(batches: Sequence[Mapping[str, Any]]) -> list[dict[str, A
 
 
 def case(root: Path, **kwargs: Any) -> dict[str, Any]:
-    packing = TokenPacking("tokens", seq_len=kwargs.pop("seq_len", 8), separator=SEP,
-                           pad_id=PAD, companions=kwargs.pop("companions", PADS))  # fmt: skip
+    """A run's options; ``TokenPacking``'s among ``kwargs`` go to the packing."""
+    options = {"seq_len": 8, "separator": SEP, "pad_id": PAD, "companions": PADS}
+    for name in ("seq_len", "companions", "whole_documents", "window", "overlong"):
+        options |= {name: kwargs.pop(name)} if name in kwargs else {}
+    packing = TokenPacking("tokens", **options)
     return {"path": str(root), "batch_size": 3, "split_bytes": 600, "packing": packing, **kwargs}
+
+
+def row_model(doc: int, length: int) -> dict[str, list[int]]:
+    """The per-row model of document ``doc`` of ``length`` tokens: its tokens and the
+    separator, each token's companion values in the files and the pads at the separator."""
+    row = list(range(doc * SPAN, doc * SPAN + length))
+    return {
+        "input_ids": [*row, SEP],
+        "labels": [*(label(t) for t in row), PADS["labels"]],
+        "mask": [*(int(t % 3 == 0) for t in row), PADS["mask"]],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +146,10 @@ def test_companions_are_the_rows_concatenated_and_cut(docs_dir: Path, lengths) -
     flat = [n for f in lengths for n in f]
     model: dict[str, list[int]] = {"tokens": [], "labels": [], "mask": []}
     for d, n in enumerate(flat):
-        row = list(range(d * SPAN, d * SPAN + n))
-        model["tokens"] += [*row, SEP]
-        model["labels"] += [*(label(t) for t in row), PADS["labels"]]
-        model["mask"] += [*(int(t % 3 == 0) for t in row), PADS["mask"]]
+        row = row_model(d, n)
+        model["tokens"] += row["input_ids"]
+        model["labels"] += row["labels"]
+        model["mask"] += row["mask"]
     real = len(model["tokens"])
     padded = -(-real // 8) * 8
     model["tokens"] += [PAD] * (padded - real)
@@ -371,3 +386,131 @@ def test_the_cli_verifies_a_state_with_companions(
     code = main(["verify", str(tmp_path / "state.json"), str(docs_dir)])
     out = capsys.readouterr().out
     assert code == 0 and "Likely cause" not in out, out
+
+
+# ------------------------------------------------------------------------------- whole documents
+
+WHOLE = {"whole_documents": True, "seq_len": 20, "window": 6}  # documents of 40 are truncated
+
+
+def whole_documents_of(
+    batches: Sequence[Mapping[str, Any]], lengths: Sequence[Sequence[Sequence[int]]], seq_len: int
+) -> list[tuple[int, int]]:
+    """The ``(source, document)`` of every part of canonical whole-document batches, each part
+    checked against its row's model (``row_model``; ``lengths[source]``: the source's files'
+    document lengths): every column of a document's part is its row's, all of it or its first
+    ``seq_len`` values (truncated); every column of a padding part is its pad. A batch without
+    ``source`` is source 0's; an empty document is -1."""
+    models = [
+        {-1: row_model(0, 0)} | {d: row_model(d, n) for d, n in enumerate(itertools.chain(*f))}
+        for f in lengths
+    ]
+    pads = {"input_ids": PAD, **PADS}
+    docs = []
+    for batch in batches:
+        assert batch["labels"][0].endswith("int64") and batch["mask"][0].endswith("int8")
+        flat = {key: [v for row in batch[key][1] for v in row] for key in pads}
+        sources = batch["source"][1] if "source" in batch else [0] * len(batch["input_ids"][1])
+        for lo, hi in itertools.pairwise(batch["cu_seqlens"][1]):
+            assert lo // seq_len == (hi - 1) // seq_len, f"part {lo}..{hi} crosses a sequence"
+            part = {key: values[lo:hi] for key, values in flat.items()}
+            if part["input_ids"][0] == PAD:
+                assert part == {key: [pad] * (hi - lo) for key, pad in pads.items()}
+                continue
+            source, doc = sources[lo // seq_len], part["input_ids"][0] // SPAN
+            model = models[source][doc]
+            assert part == {key: values[: hi - lo] for key, values in model.items()}
+            assert hi - lo in (len(model["input_ids"]), seq_len)  # whole, or truncated
+            docs.append((source, doc))
+    return docs
+
+
+def expected_whole(lengths: Sequence[Sequence[int]], seq_len: int, drop: bool = False) -> Counter:
+    """Each document of source 0 (``lengths``: its files'), an empty one as -1; without those
+    longer than ``seq_len`` with ``drop``."""
+    flat = [n for file_lengths in lengths for n in file_lengths]
+    return Counter((0, d if n else -1) for d, n in enumerate(flat) if not drop or n < seq_len)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_whole_documents_carry_their_companions(
+    docs_dir: Path, lengths, num_workers, shuffle
+) -> None:
+    """Each document whole in one sequence, its companions beside its tokens (truncated in
+    lockstep), the pads at separators and at each sequence's padding; tokens, positions and
+    boundaries as without companions."""
+    options = {**WHOLE, "shuffle": shuffle, "num_workers": num_workers}
+    with_them = _harness.run_epoch(case(docs_dir, **options))
+    plain = _harness.run_epoch(case(docs_dir, companions={}, **options))
+    assert without_companions(with_them) == plain and len(plain) > 10
+    assert all(list(batch) == KEYS for batch in with_them)
+    docs = whole_documents_of(with_them, [lengths], 20)
+    assert Counter(docs) == expected_whole(lengths, 20)
+    assert any(n >= 20 for n in itertools.chain(*lengths))  # some truncated, companions too
+
+
+def test_whole_documents_drop_overlong_ones_with_their_companions(docs_dir: Path, lengths) -> None:
+    full = _harness.run_epoch(case(docs_dir, overlong="drop", shuffle=True, **WHOLE))
+    docs = whole_documents_of(full, [lengths], 20)
+    assert Counter(docs) == expected_whole(lengths, 20, drop=True)
+    assert len(docs) < sum(map(len, lengths))  # some dropped
+
+
+@given(k=st.integers(0, 30), batch_size=st.integers(1, 4), window=st.integers(1, 9),
+       shuffle=st.booleans())  # fmt: skip
+@settings(max_examples=8, deadline=None)
+def test_whole_documents_resume_exactly_with_companions(
+    docs_dir: Path, lengths, k, batch_size, window, shuffle
+) -> None:
+    packed = case(docs_dir, batch_size=batch_size, shuffle=shuffle, **(WHOLE | {"window": window}))
+    full = _harness.run_epoch(packed)
+    assert Counter(whole_documents_of(full, [lengths], 20)) == expected_whole(lengths, 20)
+    state = _harness.assert_resume_exact(packed, min(k, len(full)), full=full)
+    assert state["_companions"] == PADS and state["_whole_documents"]["window"] == window
+
+
+def test_whole_documents_resume_elastically_with_companions(docs_dir: Path, lengths) -> None:
+    """Old streams stopped inside windows: the new ones leave out those windows' delivered
+    documents, companions and all; every document once, each beside its companions."""
+    base = case(docs_dir, shuffle=True, even_batches=False, **(WHOLE | {"window": 12}))
+    before, after, states = _harness.elastic_run(base, [2, 3], 3, 2)
+    assert any(entry[1] for state in states for entry in state["streams"])  # mid-window
+    got = [d for batches in before + after for d in whole_documents_of(batches, [lengths], 20)]
+    assert Counter(got) == expected_whole(lengths, 20)
+
+
+def mixture_sources(root: Path) -> tuple[dict[str, str], list[list[list[int]]]]:
+    """Two sources of documents with companions (token ids alike in both: the ``source`` of
+    each sequence tells which row a part is), and their files' document lengths."""
+    rng = np.random.default_rng(5)
+    lengths = [[rng.choice([0, 1, 3, 9, 17, 40], size=n).tolist() for n in sizes]
+               for sizes in ((40, 35), (60,))]  # fmt: skip
+    paths = {name: str(write_documents(root / name, f, row_group=4))
+             for name, f in zip("ab", lengths, strict=True)}  # fmt: skip
+    return paths, lengths
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_mixture_packs_whole_documents_with_companions(tmp_path: Path, num_workers) -> None:
+    paths, lengths = mixture_sources(tmp_path)
+    options = {"path": paths, "weights": {"a": 2, "b": 1}, "epoch_size": 24, "batch_size": 3,
+               "split_bytes": 300, "shuffle": True, "num_workers": num_workers,
+               "packing": case(tmp_path, **WHOLE)["packing"]}  # fmt: skip
+    full = _harness.run_epoch(options)
+    docs = whole_documents_of(full, lengths, 20)
+    assert {s for s, _ in docs} == {0, 1}
+    assert max(n for (s, d), n in Counter(docs).items() if d >= 0) == 1  # none twice
+    for k in (1, 5):
+        _harness.assert_resume_exact(options, k, full=full)
+
+
+def test_a_mixture_resumes_elastically_with_companions(tmp_path: Path) -> None:
+    paths, lengths = mixture_sources(tmp_path)
+    packing = case(tmp_path, **(WHOLE | {"window": 5}))["packing"]
+    options = {"weights": {"a": 2, "b": 1}, "epoch_size": 12, "batch_size": 2, "shuffle": True,
+               "packing": packing}  # fmt: skip
+    batches = _harness.mixture_elastic_batches(paths, options, (2, 2), (3, 0), [3, 2])
+    docs = whole_documents_of([_harness.canonical(b) for b in batches], lengths, 20)
+    assert {s for s, _ in docs} == {0, 1}
+    assert max(n for (s, d), n in Counter(docs).items() if d >= 0) == 1  # none twice

@@ -305,9 +305,10 @@ class _WholePacker:
         return int(position), position.tokens
 
     def take(self, sequences: int) -> tuple[Columns, IntArray]:
-        """The tokens of the next ``sequences`` sequences, where documents and paddings start."""
-        tokens, starts, self.real, _ = self._packer.take(sequences)
-        return (tokens,), starts
+        """The tokens (and companions) of the next ``sequences`` sequences, and where
+        documents and paddings start in them."""
+        columns, starts, self.real, _ = self._packer.take(sequences)
+        return columns, starts
 
     def close(self) -> None:
         self._feed.close()
@@ -322,15 +323,15 @@ def _feed_documents(
     while True:
         chunk, after = feed.next_chunk()
         first = after - chunk.num_rows
-        values, lengths = chunk_documents(chunk, packing, first, describe)
-        values, lengths = left_out(values, lengths, first, feed.delivered)
-        empty_chunks = empty_chunks + 1 if not len(values) else 0
+        columns, lengths = chunk_documents(chunk, packing, first, describe)
+        columns, lengths = left_out(columns, lengths, first, feed.delivered)
+        empty_chunks = empty_chunks + 1 if not len(columns[0]) else 0
         if empty_chunks > _MAX_EMPTY_CHUNKS:
             raise DataSourceError(
                 f"{describe(after)}: {empty_chunks} chunks in a row without a token; "
                 f"a packed source needs tokens (or a separator) to make sequences"
             )
-        yield values, lengths, first
+        yield columns, lengths, first
 
 
 def _interleaved(

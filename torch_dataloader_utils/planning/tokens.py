@@ -77,8 +77,9 @@ class TokenPacking:
 
     ``whole_documents=True`` never cuts a document: each window of ``window`` documents (rows)
     is packed best-fit decreasing into sequences padded with ``pad_id`` (the padding of each
-    sequence a part of its own in ``cu_seqlens``). A document longer than ``seq_len`` is cut to
-    its first ``seq_len`` tokens (``overlong="truncate"``), left out (``"drop"``) or refused
+    sequence a part of its own in ``cu_seqlens``; each companion padded with its pad). A
+    document longer than ``seq_len`` is cut to its first ``seq_len`` tokens (and companion
+    values) (``overlong="truncate"``), left out (``"drop"``) or refused
     (``"error"``); truncated and dropped ones are counted in a warning of the
     ``torch_dataloader_utils`` logger (the first, then each time a stream's count doubles).
     """
@@ -112,12 +113,6 @@ class TokenPacking:
                 f"TokenPacking overlong must be one of {OVERLONG}, got {self.overlong!r}"
             )
         object.__setattr__(self, "companions", self._checked_companions())
-        if self.whole_documents and self.companions:
-            raise ValueError(
-                "TokenPacking(whole_documents=True) does not carry companions yet: pass "
-                "companions with whole_documents=False (documents cut at sequence ends), or "
-                "whole_documents without companions"
-            )
 
     def _checked_companions(self) -> dict[str, int]:
         """``companions`` as a dict of names (neither the token column nor a packed batch's

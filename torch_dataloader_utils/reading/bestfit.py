@@ -15,7 +15,11 @@ inside a window (``Generation.tokens[g]`` sequences of the window at ``positions
 delivered) had some of that window's documents delivered: the window is read and packed
 again (as the old stream packed it) to find them, and they are left out here.
 
-Per document only integer work (the assignment) and one slice copy; never Python per token.
+Companions (``TokenPacking.companions``) go where their tokens go: every column is cut, placed
+and padded (with its own pad) as the tokens are; positions depend on the tokens alone.
+
+Per document only integer work (the assignment) and one slice copy per column; never Python per
+token.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 
 from ..base.arrays import IntArray
@@ -35,7 +38,7 @@ from ..base.errors import DataSourceError, InvalidStateError
 from ..planning.order import StreamOrder
 from ..planning.plan import Position
 from ..planning.tokens import TokenPacking, TokenPosition
-from .packing import documents, packed_batch
+from .packing import Columns, column_pads, documents, named_companions, packed_batch
 from .runs import Chunk
 
 __all__ = [
@@ -52,9 +55,10 @@ __all__ = [
 
 _log = logging.getLogger("torch_dataloader_utils")
 
-# A stream's documents as read: tokens (separators in, earlier deals' documents out), each
-# row's length (0: empty or delivered by an earlier deal), and the first row's stream row.
-Documents = tuple[npt.NDArray[Any], IntArray, int]
+# A stream's documents as read: tokens and companions (separators and their pads in, earlier
+# deals' documents out), each row's length (0: empty or delivered by an earlier deal), and the
+# first row's stream row.
+Documents = tuple[Columns, IntArray, int]
 
 
 class DocumentSource(Protocol):
@@ -103,12 +107,13 @@ def best_fit(lengths: IntArray, seq_len: int) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class Window:
-    """One window's sequences: ``tokens`` (``len(fill)`` sequences of ``seq_len``, flat),
-    ``starts`` (ascending: where each document and each sequence's padding begin), ``fill``
-    (real tokens of each sequence), and the window's rows (from its first) sequence by
-    sequence: ``members[firsts[i]:firsts[i + 1]]`` are sequence ``i``'s."""
+    """One window's sequences: ``columns`` (the tokens, then each companion: ``len(fill)``
+    sequences of ``seq_len``, flat), ``starts`` (ascending: where each document and each
+    sequence's padding begin), ``fill`` (real tokens of each sequence), and the window's rows
+    (from its first) sequence by sequence: ``members[firsts[i]:firsts[i + 1]]`` are sequence
+    ``i``'s."""
 
-    tokens: npt.NDArray[Any]
+    columns: Columns
     starts: IntArray
     fill: IntArray
     members: IntArray
@@ -117,15 +122,16 @@ class Window:
     @classmethod
     def pack(
         cls,
-        values: npt.NDArray[Any],
+        values: Columns,
         lengths: IntArray,
         *,
         placed: IntArray,
         seq_len: int,
-        pad_id: int,
+        pads: tuple[int, ...],
     ) -> Window:
-        """The window of the documents of ``lengths`` tokens, one after the other in ``values``,
-        of which the first ``placed`` (each at most ``seq_len``) go into sequences."""
+        """The window of the documents of ``lengths`` tokens, one after the other in each of
+        ``values`` (the tokens, then each companion), of which the first ``placed`` (each at
+        most ``seq_len``) go into sequences; ``pads[c]`` fills the rest of column ``c``."""
         sequences = best_fit(placed, seq_len)
         sizes = np.array([len(s) for s in sequences], dtype=np.int64)
         members = np.array([i for s in sequences for i in s], dtype=np.int64)
@@ -136,15 +142,17 @@ class Window:
         sources = np.cumsum(lengths) - lengths  # each document's first token in ``values``
         # where each document goes: its sequence's start + the documents before it there
         places = np.repeat(np.arange(len(sizes)) * seq_len - before[firsts[:-1]], sizes) + before
-        tokens = np.full(len(sizes) * seq_len, pad_id, dtype=values.dtype)
-        # a copy per document (hundreds of tokens each): 20x faster than gathering by index
-        for place, source, count in zip(
-            places.tolist(), sources[members].tolist(), used.tolist(), strict=True
-        ):
-            tokens[place : place + count] = values[source : source + count]
+        copies = list(zip(places.tolist(), sources[members].tolist(), used.tolist(), strict=True))
+        columns = []
+        for column, pad in zip(values, pads, strict=True):
+            out = np.full(len(sizes) * seq_len, pad, dtype=column.dtype)
+            # a copy per document (hundreds of tokens each): 20x faster than gathering by index
+            for place, source, count in copies:
+                out[place : place + count] = column[source : source + count]
+            columns.append(out)
         ends = np.arange(len(sizes), dtype=np.int64) * seq_len + fill
         starts = np.sort(np.concatenate((places, ends[fill < seq_len])))
-        return cls(tokens, starts, fill, members, firsts)
+        return cls(tuple(columns), starts, fill, members, firsts)
 
     def __len__(self) -> int:
         return len(self.fill)
@@ -169,7 +177,7 @@ class WholeDocuments:
     ) -> None:
         self._docs, self._packing, self._describe = docs, packing, describe
         self._run_end = run_end  # where the run (a mixture's source epoch) of a row ends
-        self._parts: list[npt.NDArray[Any]] = []  # the pending tokens, chunk by chunk
+        self._parts: list[Columns] = []  # the pending tokens and companions, chunk by chunk
         self._lengths: IntArray = np.empty(0, dtype=np.int64)
         self._first = int(start)  # the stream row of the first pending document
         self._window: Window | None = None
@@ -188,11 +196,12 @@ class WholeDocuments:
             return TokenPosition(self._start, self._next)
         return TokenPosition(self._end)
 
-    def take(self, sequences: int) -> tuple[npt.NDArray[Any], IntArray, int, int]:
-        """Up to ``sequences`` next sequences (fewer at the stream's end): their tokens (flat),
-        where documents and paddings start in them, the real tokens and the sequences."""
+    def take(self, sequences: int) -> tuple[Columns, IntArray, int, int]:
+        """Up to ``sequences`` next sequences (fewer at the stream's end): their tokens and
+        companions (flat), where documents and paddings start in them, the real tokens and the
+        sequences."""
         seq_len = self._packing.seq_len
-        parts: list[tuple[npt.NDArray[Any], IntArray, int]] = []
+        parts: list[tuple[Columns, IntArray, int]] = []
         taken = 0
         while taken < sequences:
             window = self._window
@@ -205,14 +214,15 @@ class WholeDocuments:
             a, b = np.searchsorted(window.starts, [lo_token, hi_token])
             starts = window.starts[a:b] - lo_token + taken * seq_len
             real = int(window.fill[self._next : hi].sum())
-            parts.append((window.tokens[lo_token:hi_token], starts, real))
+            columns = tuple(column[lo_token:hi_token] for column in window.columns)
+            parts.append((columns, starts, real))
             taken += hi - self._next
             self._next = hi
         if not parts:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), 0, 0
-        tokens = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
+            return self._none(), np.empty(0, dtype=np.int64), 0, 0
+        columns = parts[0][0] if len(parts) == 1 else _joined([p[0] for p in parts])
         starts = np.concatenate([p[1] for p in parts])
-        return tokens, starts, sum(p[2] for p in parts), taken
+        return columns, starts, sum(p[2] for p in parts), taken
 
     def first_window(self) -> Window | None:
         """The window at ``start`` (``None``: the stream ends there)."""
@@ -245,7 +255,7 @@ class WholeDocuments:
             lengths,
             placed=self._capped(lengths, window_start),
             seq_len=self._packing.seq_len,
-            pad_id=self._packing.pad_id,
+            pads=column_pads(self._packing, self._packing.pad_id),
         )
         first_window = self._window is None
         self._window, self._start, self._end = window, window_start, window_start + count
@@ -261,21 +271,25 @@ class WholeDocuments:
             self._next = self._skip
         return True
 
-    def _take_values(self, count: int) -> npt.NDArray[Any]:
-        """The next ``count`` pending tokens: a view of a chunk's, or a copy where they span
-        chunks (a window's worth at most)."""
+    def _take_values(self, count: int) -> Columns:
+        """The next ``count`` pending tokens and their companions: views of a chunk's, or
+        copies where they span chunks (a window's worth at most)."""
         if not count:
-            return np.empty(0, dtype=np.int64)  # a window without a token makes no sequence
-        pieces = [self._parts[0][:0]]
+            return self._none()  # a window without a token makes no sequence
+        pieces: list[Columns] = []
         while count:
             head = self._parts[0]
-            if len(head) <= count:
+            if len(head[0]) <= count:
                 pieces.append(self._parts.pop(0))
-                count -= len(head)
+                count -= len(head[0])
             else:
-                pieces.append(head[:count])
-                self._parts[0], count = head[count:], 0
-        return pieces[-1] if len(pieces) == 2 else np.concatenate(pieces)
+                pieces.append(tuple(column[:count] for column in head))
+                self._parts[0], count = tuple(column[count:] for column in head), 0
+        return pieces[0] if len(pieces) == 1 else _joined(pieces)
+
+    def _none(self) -> Columns:
+        """No tokens, and no values of each companion."""
+        return (np.empty(0, dtype=np.int64),) * (1 + len(self._packing.companions))
 
     def _capped(self, lengths: IntArray, first: int) -> IntArray:
         """``lengths`` with the documents longer than ``seq_len`` truncated or dropped (and
@@ -325,12 +339,15 @@ def whole_batches(
     held: tuple[dict[str, Any], TokenPosition] | None = None
     try:
         while True:
-            tokens, starts, real, taken = packer.take(batch_size)
+            columns, starts, real, taken = packer.take(batch_size)
             if taken < batch_size and (drop_last or not taken):
                 break
             if held is not None:
                 yield held
-            batch = packed_batch(tokens, starts, packing.seq_len, position_ids, real=real)
+            batch = packed_batch(
+                columns[0], starts, packing.seq_len, position_ids, real=real,
+                companions=named_companions(packing, columns),
+            )  # fmt: skip
             held = batch, (packer.position if taken == batch_size else end)
         if held is not None:
             yield held[0], end
@@ -353,32 +370,35 @@ def stream_documents(
     try:
         for chunk, after in chunks:
             first = after - chunk.num_rows
-            values, lengths = chunk_documents(chunk, packing, first, source.describe_at)
-            yield (*left_out(values, lengths, first, delivered), first)
+            columns, lengths = chunk_documents(chunk, packing, first, source.describe_at)
+            yield (*left_out(columns, lengths, first, delivered), first)
     finally:
         chunks.close()  # type: ignore[attr-defined]
 
 
 def chunk_documents(
     chunk: pa.RecordBatch, packing: TokenPacking, first: int, describe: Callable[[int], str]
-) -> tuple[npt.NDArray[Any], IntArray]:
-    """A chunk's tokens (separators in) and each row's length; ``first``: its first row."""
-    (values,), _, starts, _ = documents(
+) -> tuple[Columns, IntArray]:
+    """A chunk's tokens and companions (separators and their pads in) and each row's length;
+    ``first``: its first row."""
+    columns, _, starts, _ = documents(
         chunk, packing, first, {}, describe, lambda row: describe(row + 1)
     )
-    return values, np.diff(np.append(starts, len(values)))
+    return columns, np.diff(np.append(starts, len(columns[0])))
 
 
 def left_out(
-    values: npt.NDArray[Any], lengths: IntArray, first: int, delivered: IntArray
-) -> tuple[npt.NDArray[Any], IntArray]:
-    """Documents (from row ``first``) without the rows in ``delivered`` (their lengths 0)."""
+    columns: Columns, lengths: IntArray, first: int, delivered: IntArray
+) -> tuple[Columns, IntArray]:
+    """Documents (from row ``first``: their tokens and companions) without the rows in
+    ``delivered`` (their lengths 0)."""
     gone = delivered[(delivered >= first) & (delivered < first + len(lengths))] - first
     if not len(gone):
-        return values, lengths
+        return columns, lengths
     kept = np.ones(len(lengths), dtype=bool)
     kept[gone] = False
-    return values[np.repeat(kept, lengths)], np.where(kept, lengths, 0)
+    keep = np.repeat(kept, lengths)
+    return tuple(column[keep] for column in columns), np.where(kept, lengths, 0)
 
 
 def delivered_before(source: DocumentSource, packing: TokenPacking) -> IntArray:
@@ -423,3 +443,8 @@ def _window_delivered(
             f"of its window delivered, but it ends there: the state is corrupted"
         )
     return at + window.rows_of(count)
+
+
+def _joined(pieces: list[Columns]) -> Columns:
+    """Pieces of columns, each column's joined."""
+    return tuple(np.concatenate(column) for column in zip(*pieces, strict=True))

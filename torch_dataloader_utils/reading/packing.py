@@ -32,6 +32,7 @@ from ..planning.tokens import TokenPacking, TokenPosition
 __all__ = [
     "Columns",
     "Pending",
+    "column_pads",
     "documents",
     "named_companions",
     "pack_tokens",
@@ -164,7 +165,8 @@ def pack_tokens(
     if rest and not drop_last and pending is not None:
         size = -(-rest // seq_len) * seq_len
         padded = []
-        for real, pad in zip(pending.tokens(0, rest), _pads(packing, packing.pad_id), strict=True):
+        pads = column_pads(packing, packing.pad_id)
+        for real, pad in zip(pending.tokens(0, rest), pads, strict=True):
             padded.append(np.full(size, pad, real.dtype))
             padded[-1][:rest] = real
         starts = np.append(pending.starts_within(0, rest), rest)  # the padding: a part of its own
@@ -201,7 +203,7 @@ def documents(
         columns += _companion_values(chunk, packing, lengths, lambda i: describe_row(first + i))
     if packing.separator is not None:
         at = offsets[1:] - offsets[0]
-        pads = _pads(packing, packing.separator)
+        pads = column_pads(packing, packing.separator)
         columns = [np.insert(c, at, pad) for c, pad in zip(columns, pads, strict=True)]
         lengths = lengths + 1
     starts = np.cumsum(lengths) - lengths
@@ -275,7 +277,7 @@ def _misaligned(
     )
 
 
-def _pads(packing: TokenPacking, token: int) -> tuple[int, ...]:
+def column_pads(packing: TokenPacking, token: int) -> tuple[int, ...]:
     """What stands at a separator's (``token``: ``separator``) or padding's (``pad_id``)
     place: the token, then each companion's pad."""
     return (token, *packing.companions.values())
