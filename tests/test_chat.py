@@ -487,3 +487,26 @@ def test_packing_a_chat_needs_the_labels_as_a_companion(
             tokenize.check_packing(TokenPacking("input_ids", seq_len=8, companions=companions))
     tokenize.check_packing(TokenPacking("input_ids", seq_len=8, companions={"labels": -100}))
     Tokenize("text", fast).check_packing(TokenPacking("input_ids", seq_len=8))  # text: no check
+
+
+def test_conversations_packed_whole_keep_their_labels(
+    fast: PreTrainedTokenizerFast, chat_dir: Path
+) -> None:
+    """SFT's packing: each conversation whole in one sequence, its labels beside its tokens;
+    every conversation once (the parts ``cu_seqlens`` marks, padding left out)."""
+    tokenize = Tokenize("messages", fast, chat_template=CHATML)
+    columns = ["id", "input_ids", "labels"]
+    rows = rows_of(loader_of(chat_dir, tokenize, shuffle=False, columns=columns))
+    longest = max(len(ids) for _, ids, _ in rows)
+    packing = TokenPacking(
+        "input_ids", seq_len=longest, companions={"labels": -100}, whole_documents=True
+    )
+    parts = []
+    for batch in loader_of(chat_dir, tokenize, packing=packing, num_workers=2):
+        ids, labels = batch["input_ids"].flatten(), batch["labels"].flatten()
+        bounds = batch["cu_seqlens"].tolist()
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
+            if batch["position_ids"].flatten()[lo] == 0 and labels[lo:hi].ne(-100).any():
+                parts.append((ids[lo:hi].tolist(), labels[lo:hi].tolist()))
+    expected = [(ids, labels) for _, ids, labels in rows if any(t != -100 for t in labels)]
+    assert sorted(parts) == sorted(expected)
