@@ -5,6 +5,7 @@ conversations are errors naming the file, row and field."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -505,7 +506,7 @@ def test_conversations_packed_whole_keep_their_labels(
     for batch in loader_of(chat_dir, tokenize, packing=packing, num_workers=2):
         ids, labels = batch["input_ids"].flatten(), batch["labels"].flatten()
         bounds = batch["cu_seqlens"].tolist()
-        for lo, hi in zip(bounds, bounds[1:], strict=False):
+        for lo, hi in itertools.pairwise(bounds):
             if batch["position_ids"].flatten()[lo] == 0 and labels[lo:hi].ne(-100).any():
                 parts.append((ids[lo:hi].tolist(), labels[lo:hi].tolist()))
     expected = [(ids, labels) for _, ids, labels in rows if any(t != -100 for t in labels)]
