@@ -380,6 +380,7 @@ class _Arrivals:
             self._waiting[worker].append(packet.error)
             return
         self._waiting[worker].extend(packet.unpack(slots, pin=pin))
+        self._loader._recorder.stages.arrived(packet)
         if packet.positions:
             self._received[worker] = packet.positions[-1]
 

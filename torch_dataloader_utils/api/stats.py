@@ -18,18 +18,16 @@ import bisect
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-__all__ = ["RING", "WAIT_THRESHOLD", "Bottleneck", "LoaderStats", "LoopStats", "Recorder"]
+from .stage_stats import Bottleneck, ProcessStats, StageRecorder, batch_rows, verdict
 
-Bottleneck = Literal["storage", "decode", "transform", "transport", "trainer"]
+__all__ = ["RING", "LoaderStats", "LoopStats", "Recorder"]
 
 # Batches whose per-batch figures are kept (for percentiles and the recent window).
 RING = 2048
-# Above this data-wait fraction the loop is waiting on data (docs/observability.md).
-WAIT_THRESHOLD = 0.05
 
 
 @dataclass(frozen=True)
@@ -64,10 +62,12 @@ class LoaderStats:
 
     ``since_start`` covers the iteration from the loop's first ``next()``; ``recent`` the last
     ``recent_seconds`` (or the last 2,048 batches, if those span less: its ``seconds`` says
-    which). ``startup_seconds`` is the wait for the first batch. ``bottleneck`` names what
-    limits throughput, ``"trainer"`` when data is ready before the loop asks for it, and
-    ``advice`` the setting to change (docs/observability.md has the rule). ``as_dict()`` is
-    the value as plain JSON-able types.
+    which). ``startup_seconds`` is the wait for the first batch. ``processes`` are where the
+    reading time went: the training process (``"main"``) first, then each worker.
+    ``queued_batches`` are batches arrived from workers and not yet handed out.
+    ``bottleneck`` names what limits throughput, ``"trainer"`` when data is ready before the
+    loop asks for it, and ``advice`` the setting to change (docs/observability.md has the
+    rule). ``as_dict()`` is the value as plain JSON-able types.
     """
 
     since_start: LoopStats
@@ -75,12 +75,16 @@ class LoaderStats:
     recent_seconds: float
     startup_seconds: float
     num_workers: int
+    processes: tuple[ProcessStats, ...]
+    queued_batches: int
     bottleneck: Bottleneck
     advice: str
 
     def as_dict(self) -> dict[str, Any]:
-        """The figures as a dict of ``str``, ``int``, ``float`` and nested dicts."""
-        return asdict(self)
+        """The figures as a dict of ``str``, ``int``, ``float``, nested dicts and lists."""
+        figures = asdict(self)
+        figures["processes"] = list(figures["processes"])
+        return figures
 
 
 class Recorder:
@@ -89,6 +93,7 @@ class Recorder:
 
     def __init__(self, num_workers: int, size: int = RING) -> None:
         self._num_workers = num_workers
+        self.stages = StageRecorder(num_workers)  # each process's reading
         self._size = size
         self._asked = [0.0] * size  # when the loop called next() for batch j (at j % size)
         self._before: list[tuple[float, float, int, int]] = [(0.0, 0.0, 0, 0)] * size
@@ -139,13 +144,25 @@ class Recorder:
             percentiles=self._quantiles(oldest, 0),
         )
         recent = self._recent(now - recent_seconds, now, oldest)
-        bottleneck, advice = verdict(recent if recent.batches > 1 else since, self._num_workers)
+        processes = self.stages.processes(now - recent.seconds, since.rows, since.batches)
+        judged = recent if recent.batches > 1 else since
+        bottleneck, advice = verdict(
+            wait_fraction=judged.wait_fraction,
+            wait_seconds=judged.wait_seconds,
+            seconds=judged.seconds,
+            batches=judged.batches,
+            rows=judged.rows,
+            processes=tuple(p.recent if judged is recent else p.since_start for p in processes),
+            num_workers=self._num_workers,
+        )
         return LoaderStats(
             since_start=since,
             recent=recent,
             recent_seconds=recent_seconds,
             startup_seconds=self._startup,
             num_workers=self._num_workers,
+            processes=processes,
+            queued_batches=self.stages.received() - count if self._num_workers else 0,
             bottleneck=bottleneck,
             advice=advice,
         )
@@ -246,45 +263,3 @@ def _percentiles(waits: Any) -> tuple[float, float, float]:
     ordered = np.partition(waits, ranks)
     p50, p95, p99 = (float(ordered[k]) for k in ranks)
     return p50, p95, p99
-
-
-def verdict(loop: LoopStats, num_workers: int) -> tuple[Bottleneck, str]:
-    """What limits the loop, from its figures, and the setting to change (the table in
-    docs/observability.md). Until per-stage times are measured, a wait on data is laid at the
-    door of the reading pipeline as a whole (storage, decode, transform), ``"decode"``."""
-    share = f"the loop waits {loop.wait_fraction:.0%} of its time on data"
-    if loop.batches < 2 or loop.wait_fraction < WAIT_THRESHOLD:
-        return "trainer", f"{share}: data is ready before it is asked for; nothing to change"
-    if num_workers == 0:
-        return "decode", (
-            f"{share}, read in the training process: set num_workers >= 1 so that workers "
-            f"read while the loop computes"
-        )
-    return "decode", (
-        f"{share}: the {num_workers} worker(s) do not keep up; raise num_workers (up to the "
-        f"free cores) or prefetch_factor"
-    )
-
-
-def batch_rows(batch: Any) -> tuple[int, int]:
-    """Rows a batch holds (its first column's length; a packed batch's sequences) and its real
-    tokens (a packed batch's ``num_tokens``, else 0)."""
-    if isinstance(batch, dict):
-        tokens = batch.get("num_tokens", 0)
-        tokens = int(tokens) if isinstance(tokens, (int, np.integer)) else 0
-        for value in batch.values():
-            rows = _length(value)
-            if rows is not None:
-                return rows, tokens
-        return 0, tokens
-    if isinstance(batch, (tuple, list)):
-        return (_length(batch[0]) or 0 if batch else 0), 0
-    return _length(batch) or 0, 0
-
-
-def _length(value: Any) -> int | None:
-    """Rows of a column or batch; ``None`` for a value without rows (a scalar, a 0-d tensor)."""
-    shape = getattr(value, "shape", None)  # tensors, arrays, Arrow record batches: cheap
-    if shape is not None:
-        return int(shape[0]) if len(shape) else None
-    return len(value) if hasattr(value, "__len__") else None

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from ..base.stages import TRANSFORM, timed
 from ..formats import FileFormat
 from ..index.index import DatasetIndex
 from ..planning.order import StreamOrder
@@ -134,7 +135,8 @@ class StreamSource:
                 def describe(row: int, first: int = first) -> str:
                     return self.describe_row(first + row)
 
-                for part, rows in tokenized(chunk, tokenize, encode, describe):
+                parts = timed(tokenized(chunk, tokenize, encode, describe), TRANSFORM)
+                for part, rows in parts:
                     yield part, first + rows
         finally:
             chunks.close()  # type: ignore[attr-defined]

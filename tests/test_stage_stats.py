@@ -1,0 +1,140 @@
+"""``loader.stats().processes``: where each process's reading time goes, exact counts of what
+the workers sent and of what storage served, and the verdict each slow stage gets."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from _data import write_dataset, write_token_documents
+from fsspec.implementations.memory import MemoryFileSystem
+
+from torch_dataloader_utils import StructuredDataLoader, StructuredDataset, TokenPacking
+from torch_dataloader_utils.api.stage_stats import StageStats
+
+
+def _loader(path: str | Path, workers: int, **kwargs: Any) -> StructuredDataLoader:
+    options = {"persistent_workers": False} if workers else {}
+    return StructuredDataLoader(
+        StructuredDataset(str(path), **kwargs), num_workers=workers, **options
+    )
+
+
+def _total(stages: list[StageStats], name: str) -> float:
+    return sum(getattr(s, name) for s in stages)
+
+
+@pytest.fixture
+def memory_dataset(tmp_path: Path) -> Iterator[str]:
+    """``memory://<unique>/train``: 3 files of 400 rows in row groups of 50."""
+    fs = fsspec.filesystem("memory")
+    root = f"/{uuid.uuid4().hex}"
+    for path in write_dataset(tmp_path / "src", [400, 400, 400], row_group_size=50):
+        fs.pipe_file(f"{root}/train/{Path(path).name}", Path(path).read_bytes())
+    yield f"memory://{root}/train"
+    fs.rm(root, recursive=True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_process_counts_what_the_loop_was_handed(tmp_path: Path, workers: int) -> None:
+    write_dataset(tmp_path, [300, 200, 101], row_group_size=25)
+    loader = _loader(tmp_path, workers, batch_size=32, shuffle=True)
+    batches = list(loader)
+    stats = loader.stats()
+    names = [p.process for p in stats.processes]
+    assert names == ["main"] + [f"worker {w}" for w in range(workers)]
+    senders = [p.since_start for p in stats.processes[1:]] or [stats.processes[0].since_start]
+    assert sum(s.rows for s in senders) == 601 == stats.since_start.rows
+    assert sum(s.batches for s in senders) == len(batches) == stats.since_start.batches
+    assert _total(senders, "shuffle") > 0 and _total(senders, "decode") > 0
+    assert stats.processes[0].since_start.listing > 0  # this process built the index
+    assert stats.queued_batches == 0  # all handed out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packing_time_and_packed_rows_are_counted(tmp_path: Path, workers: int) -> None:
+    write_token_documents(tmp_path)
+    packing = TokenPacking("tokens", seq_len=16, separator=-1)
+    loader = _loader(tmp_path, workers, batch_size=4, columns=["tokens"], packing=packing)
+    batches = list(loader)
+    stats = loader.stats()
+    senders = [p.since_start for p in stats.processes[1:]] or [stats.processes[0].since_start]
+    assert sum(s.rows for s in senders) == sum(len(b["input_ids"]) for b in batches)
+    assert _total(senders, "packing") > 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_slow_transform_is_named_with_the_setting_to_change(tmp_path: Path, workers: int) -> None:
+    write_dataset(tmp_path, [480], row_group_size=40)
+
+    def slow(batch: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(0.01)
+        return batch
+
+    loader = _loader(tmp_path, workers, batch_size=16, transform=slow)
+    assert sum(len(b["id"]) for b in loader) == 480  # the loop does nothing: it waits
+    stats = loader.stats()
+    senders = [p.since_start for p in stats.processes[1:]] or [stats.processes[0].since_start]
+    assert _total(senders, "transform") >= 30 * 0.01  # 30 batches of at least 10 ms each
+    assert stats.bottleneck == "transform"
+    assert ("set num_workers >= 1" if workers == 0 else "raise num_workers") in stats.advice
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_bytes_requests_and_retries_are_exact(
+    memory_dataset: str, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the object store served, counted by the store (in shared memory: the workers are
+    forked with the patched store), equals the loader's figures; so do the retries."""
+    monkeypatch.setenv("TDU_RETRY_BASE_DELAY", "0.001")
+    served = multiprocessing.Value("q", 0)  # bytes, requests, failures injected
+    requests = multiprocessing.Value("q", 0)
+    failures = multiprocessing.Value("q", 0)
+    cat_file = MemoryFileSystem.cat_file
+
+    def counted(self: Any, path: str, start: Any = None, end: Any = None, **kw: Any) -> bytes:
+        with failures.get_lock():
+            if failures.value < 2 and requests.value % 2 == 0:  # 2 transient failures
+                failures.value += 1
+                requests.value += 1
+                raise ConnectionError("connection reset by peer (injected)")
+        data: bytes = cat_file(self, path, start=start, end=end, **kw)
+        with served.get_lock():
+            served.value += len(data)
+            requests.value += 1
+        return data
+
+    loader = _loader(memory_dataset, workers, batch_size=50)
+    monkeypatch.setattr(MemoryFileSystem, "cat_file", counted)
+    assert sum(len(b["id"]) for b in loader) == 1200
+    processes = [p.since_start for p in loader.stats().processes]
+    assert failures.value == 2
+    assert sum(p.bytes_fetched for p in processes) == served.value > 0
+    assert sum(p.requests for p in processes) == requests.value - 2  # those that succeeded
+    assert sum(p.retries for p in processes) == 2
+
+
+def test_slow_storage_is_named_with_the_setting_to_change(
+    memory_dataset: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cat_file = MemoryFileSystem.cat_file
+
+    def slow(self: Any, path: str, start: Any = None, end: Any = None, **kw: Any) -> bytes:
+        time.sleep(0.03)  # an object store far away
+        data: bytes = cat_file(self, path, start=start, end=end, **kw)
+        return data
+
+    loader = _loader(memory_dataset, 0, batch_size=50)
+    monkeypatch.setattr(MemoryFileSystem, "cat_file", slow)
+    assert sum(len(b["id"]) for b in loader) == 1200
+    stats = loader.stats()
+    main = stats.processes[0].since_start
+    assert main.requests >= 3 and main.storage >= 0.03  # the first GET at least was waited for
+    assert stats.bottleneck == "storage"
+    assert "split_bytes" in stats.advice and "set num_workers >= 1" in stats.advice
