@@ -138,3 +138,42 @@ def test_slow_storage_is_named_with_the_setting_to_change(
     assert main.requests >= 3 and main.storage >= 0.03  # the first GET at least was waited for
     assert stats.bottleneck == "storage"
     assert "split_bytes" in stats.advice and "set num_workers >= 1" in stats.advice
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mixture_reports_each_sources_rows_against_its_share(
+    tmp_path: Path, workers: int
+) -> None:
+    """Rows of each source equal those the batches hold, mid-epoch and at its end; ``small``
+    (60 rows, weight 1 of 3) cycles into its third epoch while ``big`` reads its first."""
+    write_dataset(tmp_path / "big", [200, 200], row_group_size=20)
+    write_dataset(tmp_path / "small", [60], row_group_size=20, start=10_000)
+    options = {"persistent_workers": False} if workers else {}
+    loader, _ = StructuredDataset.create_dataloader(
+        {"big": str(tmp_path / "big"), "small": str(tmp_path / "small")},
+        weights={"big": 2, "small": 1}, batch_size=16, shuffle=True, num_workers=workers,
+        **options,
+    )  # fmt: skip
+    assert loader.stats().mixture == ()  # nothing handed out yet
+    ids: list[int] = []
+    it = iter(loader)
+    for _ in range(7):
+        ids += next(it)["id"].tolist()
+
+    def check() -> tuple[Any, ...]:
+        mixture = loader.stats().mixture
+        by_name = {s.name: s for s in mixture}
+        assert by_name["big"].rows == sum(i < 10_000 for i in ids)
+        assert by_name["small"].rows == sum(i >= 10_000 for i in ids)
+        assert (by_name["big"].weight, by_name["big"].share) == (2, pytest.approx(2 / 3))
+        assert sum(s.delivered_share for s in mixture) == pytest.approx(1.0)
+        return mixture
+
+    mid = check()
+    assert {s.name: s.epoch for s in mid}["big"] == 0
+    ids += [i for batch in it for i in batch["id"].tolist()]
+    end = {s.name: s for s in check()}
+    assert end["big"].rows + end["small"].rows == len(ids)
+    assert end["small"].rows > 120 and end["small"].epoch == end["small"].rows // 60
+    assert end["big"].epoch == 0
+    assert end["small"].delivered_share == pytest.approx(1 / 3, abs=0.01)

@@ -17,6 +17,7 @@ from torch_dataloader_utils import (
     StructuredDataset,
     TokenPacking,
 )
+from torch_dataloader_utils.api.mixture_stats import SourceStats
 from torch_dataloader_utils.api.stage_stats import ProcessStats, StageStats, batch_rows
 from torch_dataloader_utils.api.stats import Recorder
 
@@ -221,6 +222,7 @@ def test_as_dict_round_trips_through_json(tmp_path: Path) -> None:
                     )
                     for p in restored["processes"]
                 ),
+                "mixture": tuple(SourceStats(**s) for s in restored["mixture"]),
             }
         )
         == stats

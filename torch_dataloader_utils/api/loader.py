@@ -163,7 +163,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         """
         if not recent_seconds > 0:
             raise ValueError(f"stats(recent_seconds=...) must be > 0, got {recent_seconds!r}")
-        return self._recorder.stats(recent_seconds)
+        return self._recorder.stats(recent_seconds, self.dataset._progress)
 
     def __len__(self) -> int:
         """Batches this rank yields in the epoch (``DataLoader.__len__`` would count packets)."""

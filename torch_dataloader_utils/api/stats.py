@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ..mixing.epochs import AnyProgress
+from .mixture_stats import MixtureFigures, SourceStats
 from .stage_stats import Bottleneck, ProcessStats, StageRecorder, batch_rows, verdict
 
 __all__ = ["RING", "LoaderStats", "LoopStats", "Recorder"]
@@ -65,6 +67,8 @@ class LoaderStats:
     which). ``startup_seconds`` is the wait for the first batch. ``processes`` are where the
     reading time went: the training process (``"main"``) first, then each worker.
     ``queued_batches`` are batches arrived from workers and not yet handed out.
+    ``mixture`` has a mixture's sources, what each delivered against its share (empty for
+    one dataset).
     ``bottleneck`` names what limits throughput, ``"trainer"`` when data is ready before the
     loop asks for it, and ``advice`` the setting to change (docs/observability.md has the
     rule). ``as_dict()`` is the value as plain JSON-able types.
@@ -77,6 +81,7 @@ class LoaderStats:
     num_workers: int
     processes: tuple[ProcessStats, ...]
     queued_batches: int
+    mixture: tuple[SourceStats, ...]
     bottleneck: Bottleneck
     advice: str
 
@@ -84,6 +89,7 @@ class LoaderStats:
         """The figures as a dict of ``str``, ``int``, ``float``, nested dicts and lists."""
         figures = asdict(self)
         figures["processes"] = list(figures["processes"])
+        figures["mixture"] = list(figures["mixture"])
         return figures
 
 
@@ -94,6 +100,7 @@ class Recorder:
     def __init__(self, num_workers: int, size: int = RING) -> None:
         self._num_workers = num_workers
         self.stages = StageRecorder(num_workers)  # each process's reading
+        self._mixture = MixtureFigures()
         self._size = size
         self._asked = [0.0] * size  # when the loop called next() for batch j (at j % size)
         self._before: list[tuple[float, float, int, int]] = [(0.0, 0.0, 0, 0)] * size
@@ -128,8 +135,9 @@ class Recorder:
         self._last = got
         self._count += 1
 
-    def stats(self, recent_seconds: float) -> LoaderStats:
-        """The figures now; ``recent`` over the last ``recent_seconds``.
+    def stats(self, recent_seconds: float, progress: AnyProgress | None = None) -> LoaderStats:
+        """The figures now; ``recent`` over the last ``recent_seconds``; a mixture's per source
+        from ``progress``, the iteration's delivery.
 
         O(log RING) but for the percentiles (a partial sort of at most ``RING`` waits): the
         ring keeps the totals before each batch, so a window's sums are two subtractions.
@@ -163,6 +171,7 @@ class Recorder:
             num_workers=self._num_workers,
             processes=processes,
             queued_batches=self.stages.received() - count if self._num_workers else 0,
+            mixture=self._mixture.of(progress),
             bottleneck=bottleneck,
             advice=advice,
         )
