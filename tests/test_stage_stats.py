@@ -3,6 +3,7 @@ the workers sent and of what storage served, and the verdict each slow stage get
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
 import uuid
@@ -13,6 +14,7 @@ from typing import Any
 import fsspec
 import pytest
 from _data import write_dataset, write_token_documents
+from _launch import run_logged, torchrun
 from fsspec.implementations.memory import MemoryFileSystem
 
 from torch_dataloader_utils import StructuredDataLoader, StructuredDataset, TokenPacking
@@ -177,3 +179,35 @@ def test_a_mixture_reports_each_sources_rows_against_its_share(
     assert end["small"].rows > 120 and end["small"].epoch == end["small"].rows // 60
     assert end["big"].epoch == 0
     assert end["small"].delivered_share == pytest.approx(1 / 3, abs=0.01)
+
+
+def test_gather_stats_names_the_slowest_rank_under_torchrun(tmp_path: Path) -> None:
+    """2 ranks (torchrun, gloo): rank 1's transform is slow, rank 0's loop is; rank 0 receives
+    both ranks' figures, rank 1 named with its verdict."""
+    write_dataset(tmp_path / "data", [160, 160], row_group_size=16)
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"data": str(tmp_path / "data"), "dir": str(tmp_path)}))
+    script = Path(__file__).parent / "ddp" / "stats_job.py"
+    code, log = run_logged(
+        [*torchrun(2, script), str(job)],
+        log_file=tmp_path / "torchrun.log",
+        cwd=tmp_path,
+        pythonpath=[str(Path(__file__).parent)],
+        timeout=180,
+    )
+    assert code == 0, f"torchrun failed ({code}):\n{log[-4000:]}"
+    gathered = json.loads((tmp_path / "stats.json").read_text())
+    ranks = gathered["ranks"]
+    assert [r["since_start"]["rows"] for r in ranks] == [160, 160]
+    assert [r["num_workers"] for r in ranks] == [2, 2]
+    assert ranks[0]["bottleneck"] == "trainer"
+    assert gathered["slowest_rank"] == 1
+    assert gathered["bottleneck"] == ranks[1]["bottleneck"] == "transform"
+    assert gathered["advice"].startswith("rank 1: the loop waits")
+
+
+def test_gather_stats_outside_a_process_group_says_what_to_do(tmp_path: Path) -> None:
+    write_dataset(tmp_path, [16], row_group_size=8)
+    loader = _loader(tmp_path, 0, batch_size=8)
+    with pytest.raises(RuntimeError, match="gather_stats"):
+        loader.gather_stats()

@@ -23,6 +23,7 @@ from ..planning.plan import Position
 from ..reading.packets import WorkerFailure, slot_bytes
 from ..transport.packet import Packet
 from ..transport.slots import SharedSlots
+from .global_stats import GlobalStats, gather_stats
 from .handout import KEEP, HandOuts
 from .served import ServedDataset
 from .stats import LoaderStats, Recorder
@@ -154,16 +155,17 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         shutdown_workers(packets)
 
     def stats(self, recent_seconds: float = 10.0) -> LoaderStats:
-        """Is the training loop waiting on data? Figures of the current iteration (fresh for
-        each ``iter(loader)``, so after ``load_state_dict`` too): the time the loop spent
-        blocked in ``next()`` and between calls, batches, rows and tokens handed out, since the
-        loop's first ``next()`` and over the last ``recent_seconds``, with a ``bottleneck``
-        verdict and ``advice`` (docs/observability.md). A call costs 10-20 us: call it every
-        step of a training loop, or every N steps of a loop that only fetches batches.
-        """
+        """Is the training loop waiting on data, and on what? Figures of the current iteration
+        since the loop's first ``next()`` and over the last ``recent_seconds``: the loop's wait,
+        each process's stages, a mixture's sources, a ``bottleneck`` and ``advice``
+        (docs/observability.md). A call costs 10-20 us: cheap enough for every step."""
         if not recent_seconds > 0:
             raise ValueError(f"stats(recent_seconds=...) must be > 0, got {recent_seconds!r}")
         return self._recorder.stats(recent_seconds, self.dataset._progress)
+
+    def gather_stats(self, dst_rank: int = 0, recent_seconds: float = 10.0) -> GlobalStats | None:
+        """Collective: every rank's ``stats()`` on ``dst_rank``, the slowest rank named."""
+        return gather_stats(self.stats(recent_seconds), dst_rank)
 
     def __len__(self) -> int:
         """Batches this rank yields in the epoch (``DataLoader.__len__`` would count packets)."""
