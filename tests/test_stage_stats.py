@@ -4,6 +4,7 @@ the workers sent and of what storage served, and the verdict each slow stage get
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import time
 import uuid
@@ -19,6 +20,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from torch_dataloader_utils import StructuredDataLoader, StructuredDataset, TokenPacking
 from torch_dataloader_utils.api.stage_stats import StageStats
+from torch_dataloader_utils.api.stats_report import data_metrics
 
 
 def _loader(path: str | Path, workers: int, **kwargs: Any) -> StructuredDataLoader:
@@ -211,3 +213,73 @@ def test_gather_stats_outside_a_process_group_says_what_to_do(tmp_path: Path) ->
     loader = _loader(tmp_path, 0, batch_size=8)
     with pytest.raises(RuntimeError, match="gather_stats"):
         loader.gather_stats()
+
+
+def test_an_info_line_every_n_seconds_when_asked(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_dataset(tmp_path, [200], row_group_size=20)
+    loader = _loader(tmp_path, 0, batch_size=10)
+    with caplog.at_level(logging.INFO, logger="torch_dataloader_utils"):
+        assert sum(1 for _ in loader) == 20
+        assert not [r for r in caplog.records if "data: the loop waited" in r.message]
+        loader.log_stats_every = 0.05
+        for _ in loader:
+            time.sleep(0.01)
+    lines = [r.message for r in caplog.records if r.message.startswith("data: the loop waited")]
+    assert 1 <= len(lines) <= 4  # 20 steps of >= 10 ms: one line per 50 ms at most
+    assert "rows/s" in lines[0] and "bottleneck trainer" in lines[0]
+
+
+def test_data_metrics_for_trainers(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "a", [60], row_group_size=20)
+    write_dataset(tmp_path / "b", [60], row_group_size=20, start=100)
+    loader, _ = StructuredDataset.create_dataloader(
+        {"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}, weights={"a": 1, "b": 1},
+        batch_size=10,
+    )  # fmt: skip
+    rows = sum(len(b["id"]) for b in loader)
+    metrics = data_metrics(loader.stats())
+    assert all(k.startswith("data/") and isinstance(v, float) for k, v in metrics.items())
+    assert metrics["data/a/delivered_share"] == pytest.approx(0.5)
+    assert metrics["data/decode_seconds"] > 0
+    seconds = loader.stats().recent.seconds
+    assert metrics["data/rows_per_second"] == pytest.approx(rows / seconds, rel=0.2)
+
+
+def test_the_hf_callback_puts_the_figures_into_the_log(tmp_path: Path) -> None:
+    from transformers import TrainerControl, TrainerState
+
+    from torch_dataloader_utils.integrations.hf import DataStatsCallback
+
+    write_dataset(tmp_path, [40], row_group_size=20)
+    loader = _loader(tmp_path, 0, batch_size=10)
+    list(loader)
+    state = TrainerState()
+    state.log_history.append({"loss": 1.0, "step": 5})
+    logs: dict[str, float] = {"loss": 1.0}
+    DataStatsCallback(loader).on_log(None, state, TrainerControl(), logs=logs)  # type: ignore[arg-type]
+    assert logs["data/rows_per_second"] > 0 and logs["loss"] == 1.0
+    assert state.log_history[-1]["data/wait_fraction"] == logs["data/wait_fraction"]
+
+
+def test_the_lightning_callback_logs_every_n_steps(tmp_path: Path) -> None:
+    from torch_dataloader_utils.integrations.lightning import DataStats
+
+    write_dataset(tmp_path, [40], row_group_size=20)
+    loader = _loader(tmp_path, 0, batch_size=10)
+    list(loader)
+    logged: list[dict[str, float]] = []
+
+    class Module:
+        def log_dict(self, metrics: dict[str, float], on_step: bool) -> None:
+            assert on_step
+            logged.append(metrics)
+
+    class Trainer:
+        log_every_n_steps = 2
+
+    callback = DataStats(loader)
+    for step in range(5):
+        callback.on_train_batch_end(Trainer(), Module(), None, None, step)  # type: ignore[arg-type]
+    assert len(logged) == 3 and logged[0]["data/rows_per_second"] > 0

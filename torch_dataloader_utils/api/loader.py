@@ -48,6 +48,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
     """
 
     dataset: ServedDataset  # a StructuredDataset
+    log_stats_every: float | None = None  # seconds between INFO lines of stats(); None: off
 
     def __init__(self, dataset: ServedDataset, **kwargs: Any) -> None:
         owned = sorted(set(kwargs) & set(_OWNED_BY_DATASET))
@@ -68,7 +69,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         batches = self._unpacked() if self.num_workers else self._in_process()
         self._handouts = HandOuts()
-        self._recorder = Recorder(self.num_workers)
+        self._recorder = Recorder(self.num_workers, log_every=self.log_stats_every)
         return _handed_out(batches, self.dataset, self._handouts, self._recorder)
 
     def _in_process(self) -> Iterator[Any]:

@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from ..base.log import log
 from ..mixing.epochs import AnyProgress
 from .mixture_stats import MixtureFigures, SourceStats
 from .stage_stats import Bottleneck, ProcessStats, StageRecorder, batch_rows, verdict
 
-__all__ = ["RING", "LoaderStats", "LoopStats", "Recorder"]
+__all__ = ["RING", "LoaderStats", "LoopStats", "Recorder", "summary"]
 
 # Batches whose per-batch figures are kept (for percentiles and the recent window).
 RING = 2048
@@ -97,8 +98,10 @@ class Recorder:
     """One iteration's timings and counts, as the loader hands out batches (not thread-safe
     for writing: only the iterating thread calls ``record``; ``stats`` may read any time)."""
 
-    def __init__(self, num_workers: int, size: int = RING) -> None:
+    def __init__(self, num_workers: int, size: int = RING, log_every: float | None = None) -> None:
         self._num_workers = num_workers
+        self._log_every = log_every  # seconds between INFO lines of summary(); None: none
+        self._next_log = math.inf
         self.stages = StageRecorder(num_workers)  # each process's reading
         self._mixture = MixtureFigures()
         self._size = size
@@ -122,6 +125,8 @@ class Recorder:
             wait, trainer = got - asked, asked - self._last
         else:
             self._start, self._startup, wait, trainer = asked, got - asked, 0.0, 0.0
+            if self._log_every:
+                self._next_log = got + self._log_every
         rows, tokens = batch_rows(batch)
         before = self._totals
         self._asked[i], self._before[i], self._wait[i] = asked, before, wait
@@ -134,6 +139,9 @@ class Recorder:
         )
         self._last = got
         self._count += 1
+        if got >= self._next_log:
+            self._next_log = got + (self._log_every or math.inf)
+            log.info("%s", summary(self.stats(self._log_every or 1.0)))
 
     def stats(self, recent_seconds: float, progress: AnyProgress | None = None) -> LoaderStats:
         """The figures now; ``recent`` over the last ``recent_seconds``; a mixture's per source
@@ -272,3 +280,15 @@ def _percentiles(waits: Any) -> tuple[float, float, float]:
     ordered = np.partition(waits, ranks)
     p50, p95, p99 = (float(ordered[k]) for k in ranks)
     return p50, p95, p99
+
+
+def summary(stats: LoaderStats) -> str:
+    """One line: the recent wait, its p99, rows (and tokens) per second, the verdict."""
+    recent = stats.recent
+    seconds = recent.seconds or 1.0
+    tokens = f", {recent.tokens / seconds:,.0f} tokens/s" if recent.tokens else ""
+    return (
+        f"data: the loop waited {recent.wait_fraction:.0%} of the last {recent.seconds:.0f} s "
+        f"(p99 {recent.wait_p99 * 1e3:.1f} ms per batch), {recent.rows / seconds:,.0f} rows/s"
+        f"{tokens}, {recent.batches} batches; bottleneck {stats.bottleneck}: {stats.advice}"
+    )
