@@ -12,7 +12,7 @@ from ..planning.config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES
 from ..storage.secrets import secret_values
 from .files import BadInput
 
-__all__ = ["add_settings", "byte_size", "pairs", "planned_settings", "storage_options"]
+__all__ = ["add_settings", "byte_size", "pairs", "planned_settings", "storage_options", "weight"]
 
 
 def add_settings(parser: argparse.ArgumentParser, *, plan: bool) -> None:
@@ -80,6 +80,13 @@ def pairs(items: Sequence[str], option: str, what: str) -> list[tuple[str, str]]
             raise BadInput(f"{option} names {name!r} twice: give each name once")
         found[name] = value
     return list(found.items())
+
+
+def weight(text: str) -> int:
+    """A mixture source's ``--weight NAME=N`` value: a whole number."""
+    if not text.isdigit():
+        raise BadInput(f"--weight takes NAME=N with N a whole number, got {text!r}")
+    return int(text)
 
 
 def storage_options(items: Sequence[str]) -> dict[str, Any]:
