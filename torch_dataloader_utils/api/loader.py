@@ -18,6 +18,7 @@ from ..base.args import loader_options
 from ..base.compat import ACCELERATE_PREPARED, accelerator_available, shutdown_workers
 from ..base.errors import CheckpointMismatchError, LostBatchesError, UnsendableBatchError
 from ..base.log import log
+from ..base.stages import READ_AHEAD, timed
 from ..mixing.epochs import AnyProgress
 from ..planning.plan import Position
 from ..reading.packets import WorkerFailure, slot_bytes
@@ -108,6 +109,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         generation = slots.begin(start.epoch if start.is_fresh else None)
         with dataset._iteration(self.num_workers, slots) as progress:
             packets = super().__iter__()
+        waited = timed(packets, READ_AHEAD)  # the loop waiting for the workers
         arrivals = _Arrivals(self, progress)
         pin = self.pin_memory and accelerator_available()
         worker = progress.cursor
@@ -115,7 +117,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         try:
             while arrivals.pending():
                 while arrivals.awaits(worker):
-                    arrivals.receive(next(packets, None), slots, pin)
+                    arrivals.receive(next(waited, None), slots, pin)
                 batch = arrivals.take(worker)
                 if batch is not _NOTHING:
                     yield batch

@@ -23,6 +23,7 @@ from ..base import stages
 from ..transport.packet import Packet
 
 __all__ = [
+    "KEEP_EVERY",
     "WAIT_THRESHOLD",
     "Bottleneck",
     "ProcessStats",
@@ -35,8 +36,10 @@ Bottleneck = Literal["storage", "decode", "transform", "transport", "trainer"]
 
 # Above this data-wait fraction the loop is waiting on data (docs/observability.md).
 WAIT_THRESHOLD = 0.05
-# Figures kept per process for the recent window (one per packet, or per stats() call).
+# Figures kept per process for the recent window: a worker's with each packet, the training
+# process's every KEEP_EVERY seconds of the loop and at each stats() call.
 _KEPT = 256
+KEEP_EVERY = 0.05
 # A figures vector: base.stages' figures, then batches and rows.
 _BATCHES, _ROWS = stages.FIGURES, stages.FIGURES + 1
 _SIZE: Final = stages.FIGURES + 2
@@ -116,16 +119,22 @@ class StageRecorder:
         """Batches received from the workers."""
         return int(self._sent[:, 0].sum())
 
-    def processes(self, cutoff: float, rows: int, batches: int) -> tuple[ProcessStats, ...]:
-        """Every process's figures since the start and since ``cutoff``; the training
-        process's batches and rows are the loop's (``rows``, ``batches``) without workers."""
-        now = perf_counter()
+    def keep_own(self, now: float, rows: int, batches: int) -> Figures:
+        """Keep the training process's figures now (the loop calls this every ``KEEP_EVERY``
+        seconds, so that a recent window finds figures near its start); ``rows`` and
+        ``batches``: the loop's, its own without workers."""
         own = _own() - self._began
         own[stages.LISTING] = self._began[stages.LISTING] + own[stages.LISTING]
         if not self._workers:
             own[_BATCHES], own[_ROWS] = batches, rows
-        main = _process("main", own, self._own, cutoff)
         self._own.append((now, own))
+        return own
+
+    def processes(self, cutoff: float, rows: int, batches: int) -> tuple[ProcessStats, ...]:
+        """Every process's figures since the start and since ``cutoff``."""
+        before = _before(self._own, cutoff)
+        own = self.keep_own(perf_counter(), rows, batches)
+        main = ProcessStats("main", StageStats.of(own), StageStats.of(own - before))
         workers = (
             _process(f"worker {w}", kept[-1][1] if kept else np.zeros(_SIZE), kept, cutoff)
             for w, kept in enumerate(self._workers)
@@ -154,77 +163,67 @@ def verdict(
 
     Data-side, each verdict's stages are weighed by how busy they keep their processes: the
     workers' seconds over ``num_workers x seconds``, the training process's over
-    ``seconds``; the busiest wins. Without workers the loop's wait not spent in a stage is
-    the batches' own handling (cutting, converting, handing out): transport.
+    ``seconds``; the busiest wins. The loop's wait spent neither in a stage nor waiting for
+    the workers (or the read-ahead thread) is the batches' own handling in the training
+    process (cutting, converting, unpacking, handing out): transport.
     """
     share = f"the loop waits {wait_fraction:.0%} of its time on data"
     if batches < 2 or wait_fraction < WAIT_THRESHOLD:
         return "trainer", f"{share}: data is ready before it is asked for; nothing to change"
     main, workers = processes[0], processes[1:]
     span = max(seconds, 1e-9)
-    busy: dict[Bottleneck, float] = {}
+    busy: dict[Bottleneck, tuple[float, bool]] = {}  # share of the time, in the workers?
     for name, figures in _GROUPS.items():
         fields = [stages.STAGES[i] for i in figures]
         own = sum(getattr(main, f) for f in fields) / span
         theirs = sum(getattr(w, f) for w in workers for f in fields) / (len(workers) * span or 1)
-        busy[name] = max(own, theirs)
-    if not workers:
-        staged = sum(getattr(main, stages.STAGES[i]) for i in _BUSY) + main.read_ahead
-        busy["transport"] += max(wait_seconds - staged, 0.0) / span
+        busy[name] = max((own, False), (theirs, True))
+    # the loop's wait neither in a stage nor waiting for workers (or read-ahead): handling
+    staged = sum(getattr(main, stages.STAGES[i]) for i in _BUSY) + main.read_ahead
+    busy["transport"] = max(busy["transport"], (max(wait_seconds - staged, 0.0) / span, False))
     bottleneck = max(busy, key=lambda b: busy[b])
-    if busy[bottleneck] <= 0:  # the workers' figures have not arrived yet: their reading
+    if busy[bottleneck][0] <= 0:  # the workers' figures have not arrived yet: their reading
         return "decode", (
             f"{share}: the {len(workers)} worker(s) do not keep up; raise num_workers (up to "
             f"the free cores) or prefetch_factor"
         )
-    return bottleneck, f"{share}; " + _advice(
-        bottleneck, busy[bottleneck], processes, rows, batches
-    )
+    part, in_workers = busy[bottleneck]
+    who = f"the {len(workers)} workers" if in_workers else "the training process"
+    advice = _advice(bottleneck, f"{who} {part:.0%} of the time", processes, rows / batches)
+    return bottleneck, f"{share}; {advice}"
 
 
 def _advice(
-    bottleneck: Bottleneck, busy: float, processes: tuple[StageStats, ...], rows: int, batches: int
+    bottleneck: Bottleneck, spent: str, processes: tuple[StageStats, ...], rows: float
 ) -> str:
-    workers = processes[1:]
-    who = f"the {len(workers)} worker(s)" if workers else "the training process (no workers)"
+    """The line for ``bottleneck``, which took ``spent`` ("the 2 workers 80% of the time")."""
+    workers = len(processes) - 1
     more = "raise num_workers (up to the free cores)" if workers else "set num_workers >= 1"
     if bottleneck == "storage":
         fetched = sum(p.bytes_fetched for p in processes)
         requests = sum(p.requests for p in processes)
         retries = sum(p.retries for p in processes)
         return (
-            f"{who} wait on storage {busy:.0%} of the time ({fetched / 2**20:,.1f} MiB in "
-            f"{requests} requests, {retries} retries): {more} or prefetch_factor for more reads "
-            f"in flight, or raise split_bytes for fewer, larger reads"
+            f"waiting on storage took {spent} ({fetched / 2**20:,.1f} MiB in {requests} "
+            f"requests, {retries} retries): {more} or prefetch_factor for more reads in "
+            f"flight, or raise split_bytes for fewer, larger reads"
         )
     if bottleneck == "decode":
-        shuffle = sum(p.shuffle for p in processes) > sum(p.decode for p in processes)
-        if shuffle:
+        if sum(p.shuffle for p in processes) > sum(p.decode for p in processes):
             return (
-                f"filling and gathering shuffle windows keeps {who} busy {busy:.0%} of the time: "
-                f"lower shuffle_memory_bytes (smaller windows), or {more}"
+                f"filling and gathering shuffle windows took {spent}: lower "
+                f"shuffle_memory_bytes (smaller windows), or {more}"
             )
-        return (
-            f"decoding keeps {who} busy {busy:.0%} of the time: {more}, or read fewer columns "
-            f"(columns=[...])"
-        )
+        return f"decoding took {spent}: {more}, or read fewer columns (columns=[...])"
     if bottleneck == "transform":
-        if not workers:
-            return (
-                f"the transform (tokenizer, packing) keeps the training process busy {busy:.0%} "
-                f"of the time: set num_workers >= 1 to run it in workers, or move it out of "
-                f"the data path (onto the GPU, or into the files)"
-            )
+        where = "set num_workers >= 1 to run it in workers" if not workers else more
         return (
-            f"the transform (tokenizer, packing) keeps {who} busy {busy:.0%} of the time: "
-            f"raise num_workers, or move the transform out of the data path (onto the GPU, "
-            f"or precompute it into the files)"
+            f"the transform (tokenizer, packing) took {spent}: {where}, or move it out of the "
+            f"data path (onto the GPU, or precompute it into the files)"
         )
-    per_batch = rows / batches if batches else 0
     return (
-        f"moving batches of {per_batch:,.0f} rows to the loop keeps {who} busy {busy:.0%} of "
-        f"the time: raise batch_size (fewer, larger batches)"
-        + (", or prefetch_factor" if workers else "")
+        f"moving batches of {rows:,.0f} rows to the loop took {spent}: raise batch_size "
+        f"(fewer, larger batches)" + (", or prefetch_factor" if workers else "")
     )
 
 

@@ -25,12 +25,15 @@ import numpy as np
 from ..base.log import log
 from ..mixing.epochs import AnyProgress
 from .mixture_stats import MixtureFigures, SourceStats
-from .stage_stats import Bottleneck, ProcessStats, StageRecorder, batch_rows, verdict
+from .stage_stats import KEEP_EVERY, Bottleneck, ProcessStats, StageRecorder, batch_rows, verdict
 
 __all__ = ["RING", "LoaderStats", "LoopStats", "Recorder", "summary"]
 
 # Batches whose per-batch figures are kept (for percentiles and the recent window).
 RING = 2048
+# The verdict judges the recent window if it spans this long (or all it was asked to), else
+# the iteration since its start: a few ms of tiny batches say little.
+_JUDGED_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class Recorder:
         self._num_workers = num_workers
         self._log_every = log_every  # seconds between INFO lines of summary(); None: none
         self._next_log = math.inf
+        self._keep_own = 0.0  # when the training process's figures are kept next
         self.stages = StageRecorder(num_workers)  # each process's reading
         self._mixture = MixtureFigures()
         self._size = size
@@ -139,6 +143,9 @@ class Recorder:
         )
         self._last = got
         self._count += 1
+        if got >= self._keep_own:
+            self._keep_own = got + KEEP_EVERY
+            self.stages.keep_own(got, self._totals[2], self._count)
         if got >= self._next_log:
             self._next_log = got + (self._log_every or math.inf)
             log.info("%s", summary(self.stats(self._log_every or 1.0)))
@@ -161,7 +168,9 @@ class Recorder:
         )
         recent = self._recent(now - recent_seconds, now, oldest)
         processes = self.stages.processes(now - recent.seconds, since.rows, since.batches)
-        judged = recent if recent.batches > 1 else since
+        # the recent window, unless its ring of batches spans too short a time to judge by
+        short = recent.seconds < min(recent_seconds, _JUDGED_SECONDS)
+        judged = since if recent.batches < 2 or short else recent
         bottleneck, advice = verdict(
             wait_fraction=judged.wait_fraction,
             wait_seconds=judged.wait_seconds,

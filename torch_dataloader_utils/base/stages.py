@@ -56,7 +56,7 @@ STAGES: Final = (
     "packing",  # token packing
     "transport",  # packing batches into shared memory and pickling (worker); unpacking (main)
     "blocked",  # a worker waiting for a free slot: the main process has not taken its batches
-    "read_ahead",  # the training process waiting for its read-ahead thread (no workers)
+    "read_ahead",  # the training process waiting for its workers or its read-ahead thread
 )
 LISTING, STORAGE, DECODE, SHUFFLE, TRANSFORM, PACKING, TRANSPORT, BLOCKED, READ_AHEAD = range(9)
 COUNTS: Final = ("bytes_fetched", "requests", "retries")
