@@ -106,6 +106,15 @@ class Recorder:
         self._log_every = log_every  # seconds between INFO lines of summary(); None: none
         self._next_log = math.inf
         self._keep_own = 0.0  # when the training process's figures are kept next
+        # the processes' figures and the verdict, refreshed at most every KEEP_EVERY seconds:
+        # when, for which recent window, and them
+        self._judged: tuple[float, float, tuple[ProcessStats, ...], Bottleneck, str] = (
+            -math.inf,
+            0.0,
+            (),
+            "trainer",
+            "",
+        )
         self.stages = StageRecorder(num_workers)  # each process's reading
         self._mixture = MixtureFigures()
         self._size = size
@@ -167,19 +176,11 @@ class Recorder:
             percentiles=self._quantiles(oldest, 0),
         )
         recent = self._recent(now - recent_seconds, now, oldest)
-        processes = self.stages.processes(now - recent.seconds, since.rows, since.batches)
-        # the recent window, unless its ring of batches spans too short a time to judge by
-        short = recent.seconds < min(recent_seconds, _JUDGED_SECONDS)
-        judged = since if recent.batches < 2 or short else recent
-        bottleneck, advice = verdict(
-            wait_fraction=judged.wait_fraction,
-            wait_seconds=judged.wait_seconds,
-            seconds=judged.seconds,
-            batches=judged.batches,
-            rows=judged.rows,
-            processes=tuple(p.recent if judged is recent else p.since_start for p in processes),
-            num_workers=self._num_workers,
-        )
+        at, window, processes, bottleneck, advice = self._judged
+        if now - at >= KEEP_EVERY or window != recent_seconds or count < 2:
+            processes = self.stages.processes(now - recent.seconds, since.rows, since.batches)
+            bottleneck, advice = self._verdict(since, recent, recent_seconds, processes)
+            self._judged = (now, recent_seconds, processes, bottleneck, advice)
         return LoaderStats(
             since_start=since,
             recent=recent,
@@ -191,6 +192,27 @@ class Recorder:
             mixture=self._mixture.of(progress),
             bottleneck=bottleneck,
             advice=advice,
+        )
+
+    def _verdict(
+        self,
+        since: LoopStats,
+        recent: LoopStats,
+        recent_seconds: float,
+        processes: tuple[ProcessStats, ...],
+    ) -> tuple[Bottleneck, str]:
+        """The verdict on the recent window, unless its ring of batches spans too short a
+        time to judge by (then on the iteration since its start)."""
+        short = recent.seconds < min(recent_seconds, _JUDGED_SECONDS)
+        judged = since if recent.batches < 2 or short else recent
+        return verdict(
+            wait_fraction=judged.wait_fraction,
+            wait_seconds=judged.wait_seconds,
+            seconds=judged.seconds,
+            batches=judged.batches,
+            rows=judged.rows,
+            processes=tuple(p.recent if judged is recent else p.since_start for p in processes),
+            num_workers=self._num_workers,
         )
 
     def _recent(self, cutoff: float, now: float, oldest: int) -> LoopStats:
