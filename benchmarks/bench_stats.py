@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-ms", type=float, default=50.0, help="slow storage: per request")
     p.add_argument("--storage-mb-s", type=float, default=5.0, help="slow storage: bandwidth")
     p.add_argument("--transform-ms", type=float, default=5.0, help="slow transform: per batch")
-    p.add_argument("--slow-step-ms", type=float, default=20.0, help="slow consumer: its step")
+    p.add_argument("--slow-step-ms", type=float, default=50.0, help="slow consumer: its step")
     p.add_argument("--tiny-batch", type=int, default=4, help="many tiny batches: rows each")
     return p.parse_args(argv)
 

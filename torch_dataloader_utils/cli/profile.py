@@ -46,7 +46,7 @@ def add_profile(parser: argparse.ArgumentParser) -> None:
 
 
 def profile(args: argparse.Namespace) -> int:
-    """read for --seconds with a --step-ms consumer: where the time went, the bottleneck"""
+    """read for --seconds (or an epoch) with a --step-ms consumer: where the time went"""
     if args.seconds <= 0 or args.step_ms < 0:
         raise BadInput("--seconds must be > 0 and --step-ms >= 0")
     if args.plot:
@@ -116,8 +116,9 @@ def _report(args: argparse.Namespace, loader: StructuredDataLoader, stats: Loade
 def _render(report: Report) -> list[str]:
     settings, loop = report["settings"], report["since_start"]
     seconds = loop["seconds"] or 1.0
+    ended = " (the epoch ended)" if loop["seconds"] < settings["seconds"] else ""
     lines = [
-        f"profile of {report['path']} for {loop['seconds']:.1f} s: batch_size "
+        f"profile of {report['path']} for {loop['seconds']:.1f} s{ended}: batch_size "
         f"{settings['batch_size']}, num_workers {settings['num_workers']}, step "
         f"{settings['step_ms']:g} ms",
         f"loop: {loop['batches']:,} batches, {loop['rows']:,} rows ({loop['rows'] / seconds:,.0f} "
