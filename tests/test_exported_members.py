@@ -63,7 +63,10 @@ def test_integrations_export_their_names_and_the_core_imports_no_trainer():
     from torch_dataloader_utils.integrations import hf, lightning
 
     assert hf.__all__ == [
-        "LOADER_STATE_FILE", "DataStatsCallback", "StructuredTrainer", "StructuredTrainerMixin"
+        "LOADER_STATE_FILE",
+        "DataStatsCallback",
+        "StructuredTrainer",
+        "StructuredTrainerMixin",
     ]
     assert lightning.__all__ == ["DataStats", "LoaderStatesPerRank"]
     check = (

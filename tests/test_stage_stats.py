@@ -20,7 +20,6 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from torch_dataloader_utils import StructuredDataLoader, StructuredDataset, TokenPacking
 from torch_dataloader_utils.api.stage_stats import StageStats
-from torch_dataloader_utils.api.stats_report import data_metrics
 
 
 def _loader(path: str | Path, workers: int, **kwargs: Any) -> StructuredDataLoader:
@@ -240,7 +239,7 @@ def test_data_metrics_for_trainers(tmp_path: Path) -> None:
         batch_size=10,
     )  # fmt: skip
     rows = sum(len(b["id"]) for b in loader)
-    metrics = data_metrics(loader.stats())
+    metrics = loader.stats().metrics()
     assert all(k.startswith("data/") and isinstance(v, float) for k, v in metrics.items())
     assert metrics["data/a/delivered_share"] == pytest.approx(0.5)
     assert metrics["data/decode_seconds"] > 0

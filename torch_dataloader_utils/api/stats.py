@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..base.log import log
+from ..base.stages import STAGES
 from ..mixing.epochs import AnyProgress
 from .mixture_stats import MixtureFigures, SourceStats
 from .stage_stats import KEEP_EVERY, Bottleneck, ProcessStats, StageRecorder, batch_rows, verdict
@@ -75,7 +76,8 @@ class LoaderStats:
     one dataset).
     ``bottleneck`` names what limits throughput, ``"trainer"`` when data is ready before the
     loop asks for it, and ``advice`` the setting to change (docs/observability.md has the
-    rule). ``as_dict()`` is the value as plain JSON-able types.
+    rule). ``as_dict()`` is the value as plain JSON-able types, ``metrics()`` its key figures
+    as ``data/...`` numbers for a trainer's logger.
     """
 
     since_start: LoopStats
@@ -95,6 +97,30 @@ class LoaderStats:
         figures["processes"] = list(figures["processes"])
         figures["mixture"] = list(figures["mixture"])
         return figures
+
+    def metrics(self) -> dict[str, float]:
+        """The key figures of the recent window as ``data/<name>`` numbers for a trainer's
+        logger: the loop's wait (share; p50/p95/p99 in seconds), rows and tokens per second,
+        queued batches, each stage's seconds over all processes (``data/decode_seconds``,
+        ...) and a mixture's ``data/<source>/delivered_share`` and ``data/<source>/epoch``."""
+        recent = self.recent
+        seconds = recent.seconds or 1.0
+        metrics = {
+            "data/wait_fraction": recent.wait_fraction,
+            "data/wait_p50": recent.wait_p50,
+            "data/wait_p95": recent.wait_p95,
+            "data/wait_p99": recent.wait_p99,
+            "data/rows_per_second": recent.rows / seconds,
+            "data/tokens_per_second": recent.tokens / seconds,
+            "data/queued_batches": float(self.queued_batches),
+        }
+        for stage in STAGES:
+            total = sum(getattr(p.recent, stage) for p in self.processes)
+            metrics[f"data/{stage}_seconds"] = total
+        for source in self.mixture:
+            metrics[f"data/{source.name}/delivered_share"] = source.delivered_share
+            metrics[f"data/{source.name}/epoch"] = float(source.epoch)
+        return metrics
 
 
 class Recorder:

@@ -16,7 +16,7 @@ from ..api.dataset import StructuredDataset
 from ..api.loader import StructuredDataLoader
 from ..api.stats import LoaderStats, summary
 from ..base.stages import COUNTS, STAGES
-from .args import add_settings, pairs, planned_settings, weight
+from .args import add_settings, add_sources, pairs, planned_settings, weight
 from .files import BadInput
 from .output import EXIT_OK, Report, emit, table
 from .resume import paths
@@ -37,11 +37,7 @@ def add_profile(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-ms", type=float, default=0.0, help="the step's time (0: none)")
     parser.add_argument("--plot", metavar="PNG", help="draw the figures (needs matplotlib)")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    mixture = parser.add_argument_group("a mixture (instead of PATH)")
-    mixture.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
-                         help="a source of the mixture, repeatable")  # fmt: skip
-    mixture.add_argument("--weight", action="append", default=[], metavar="NAME=N",
-                         help="its integer weight, one per source")  # fmt: skip
+    add_sources(parser)
     parser.set_defaults(run=profile)
 
 
@@ -54,7 +50,7 @@ def profile(args: argparse.Namespace) -> int:
     loader = _loader(args)
     samples: list[tuple[float, float, float]] = []  # seconds, wait share, rows/s
     step, began = args.step_ms / 1e3, time.perf_counter()
-    sampled = began
+    sampled, ended = began, True
     for _ in loader:
         if step:
             time.sleep(step)
@@ -64,9 +60,11 @@ def profile(args: argparse.Namespace) -> int:
             samples.append((now - began, recent.wait_fraction, recent.rows / recent.seconds))
             sampled = now
         if now - began >= args.seconds:
+            ended = False
             break
     stats = loader.stats(args.seconds)
     report = _report(args, loader, stats)
+    report["settings"]["epoch_ended"] = ended
     if args.plot:
         _plot(args.plot, samples, stats)
         report["plot"] = args.plot
@@ -116,7 +114,7 @@ def _report(args: argparse.Namespace, loader: StructuredDataLoader, stats: Loade
 def _render(report: Report) -> list[str]:
     settings, loop = report["settings"], report["since_start"]
     seconds = loop["seconds"] or 1.0
-    ended = " (the epoch ended)" if loop["seconds"] < settings["seconds"] else ""
+    ended = " (the epoch ended)" if settings["epoch_ended"] else ""
     lines = [
         f"profile of {report['path']} for {loop['seconds']:.1f} s{ended}: batch_size "
         f"{settings['batch_size']}, num_workers {settings['num_workers']}, step "

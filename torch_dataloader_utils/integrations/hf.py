@@ -25,7 +25,6 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, get_last_checkpoint
 
 from ..api.loader import StructuredDataLoader
-from ..api.stats_report import data_metrics
 
 __all__ = ["LOADER_STATE_FILE", "DataStatsCallback", "StructuredTrainer", "StructuredTrainerMixin"]
 
@@ -136,7 +135,7 @@ class _LoaderCheckpoints(TrainerCallback):
 
 class DataStatsCallback(TrainerCallback):
     """Adds ``loader.stats()``'s key figures (``data/wait_fraction``, ``data/rows_per_second``,
-    ..., ``api.stats_report.data_metrics``) to every log of the Trainer:
+    ..., ``LoaderStats.metrics()``) to every log of the Trainer:
     ``Trainer(..., callbacks=[DataStatsCallback(loader)])``.
 
     The Trainer calls its reporting callbacks (wandb, TensorBoard, ...) before the ones it is
@@ -158,7 +157,7 @@ class DataStatsCallback(TrainerCallback):
         logs: dict[str, Any] | None = None,
         **_: Any,
     ) -> None:
-        metrics = data_metrics(self.loader.stats(self.recent_seconds))
+        metrics = self.loader.stats(self.recent_seconds).metrics()
         if logs is not None:
             logs.update(metrics)
         if state.log_history:

@@ -18,7 +18,6 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 
 from ..api.loader import StructuredDataLoader
-from ..api.stats_report import data_metrics
 from ..base.compat import LIGHTNING_LOADER_STATES
 
 __all__ = ["DataStats", "LoaderStatesPerRank"]
@@ -68,7 +67,7 @@ class LoaderStatesPerRank(Callback):
 
 class DataStats(Callback):
     """Logs ``loader.stats()``'s key figures (``data/wait_fraction``, ``data/rows_per_second``,
-    ..., ``api.stats_report.data_metrics``) with the module's own metrics, every
+    ..., ``LoaderStats.metrics()``) with the module's own metrics, every
     ``log_every_n_steps`` training batches: ``Trainer(callbacks=[DataStats(loader)])``."""
 
     def __init__(self, loader: StructuredDataLoader, recent_seconds: float = 10.0) -> None:
@@ -81,7 +80,7 @@ class DataStats(Callback):
         every = int(getattr(trainer, "log_every_n_steps", 50))  # set by Trainer(...), undeclared
         if batch_idx % max(1, every):
             return
-        pl_module.log_dict(data_metrics(self.loader.stats(self.recent_seconds)), on_step=True)
+        pl_module.log_dict(self.loader.stats(self.recent_seconds).metrics(), on_step=True)
 
 
 def _lightning_states(checkpoint: dict[str, Any]) -> Any:
