@@ -283,3 +283,25 @@ def test_the_lightning_callback_logs_every_n_steps(tmp_path: Path) -> None:
     for step in range(5):
         callback.on_train_batch_end(Trainer(), Module(), None, None, step)  # type: ignore[arg-type]
     assert len(logged) == 3 and logged[0]["data/rows_per_second"] > 0
+
+
+def test_threads_that_ended_keep_their_seconds_and_leave_no_entry() -> None:
+    """A read-ahead thread per iteration: a long job's snapshot must not grow with them."""
+    import gc
+    import threading
+
+    from torch_dataloader_utils.base import stages
+
+    def work() -> None:
+        with stages.Stage(stages.PACKING):
+            time.sleep(0.001)
+
+    before, kept = stages.snapshot()[stages.PACKING], len(stages._threads)
+    for _ in range(20):
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    del thread
+    gc.collect()
+    assert len(stages._threads) <= kept
+    assert stages.snapshot()[stages.PACKING] - before >= 20 * 0.001

@@ -9,15 +9,17 @@ stage is not counted. The cost is two clock reads per entry, once per chunk, win
 or batch, never per row.
 
 Each thread has its own stack of stages and its own totals (no lock on the clock path);
-``snapshot()`` sums the threads'. Counts (bytes fetched, requests, retries) are added by the
-fetching threads under a lock: they are exact. The figures are cumulative for the process:
-whoever reads them subtracts a snapshot taken when its span began.
+``snapshot()`` sums the threads' (those of threads that ended are folded into one sum).
+Counts (bytes fetched, requests, retries) are added by the fetching threads under a lock:
+they are exact. The figures are cumulative for the process: whoever reads them subtracts a
+snapshot taken when its span began.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from time import perf_counter
 from typing import Any, Final, TypeVar
@@ -76,10 +78,20 @@ class _Thread(threading.local):
         self.mark = 0.0
         with _lock:
             _threads.append(self.totals)
+        # a thread that ended (a read-ahead thread per iteration) folds into _ended
+        weakref.finalize(threading.current_thread(), _thread_ended, self.totals)
 
 
-_lock = threading.Lock()
+def _thread_ended(totals: list[float]) -> None:
+    with _lock:
+        _threads.remove(totals)
+        for i, seconds in enumerate(totals):
+            _ended[i] += seconds
+
+
+_lock = threading.RLock()  # re-entered by _thread_ended when GC runs under it
 _threads: list[list[float]] = []
+_ended = [0.0] * len(STAGES)  # the seconds of threads that ended
 _counts = [0] * len(COUNTS)
 _local = _Thread()
 
@@ -87,7 +99,7 @@ _local = _Thread()
 def _reset_after_fork() -> None:
     """A worker forked while a fetching thread held the lock must not wait for it forever."""
     global _lock
-    _lock = threading.Lock()
+    _lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -153,5 +165,5 @@ def count(figure: int, n: int = 1) -> None:
 def snapshot() -> np.ndarray[Any, np.dtype[np.float64]]:
     """This process's figures now: seconds per stage of all its threads, then the counts."""
     with _lock:
-        seconds = np.sum(_threads, axis=0) if _threads else np.zeros(len(STAGES))
+        seconds = np.sum([_ended, *_threads], axis=0)
         return np.concatenate((seconds, np.asarray(_counts, dtype=np.float64)))
