@@ -3,8 +3,9 @@
 Each DataLoader worker ships its figures (``base.stages``: seconds per stage, bytes fetched,
 requests, retries; cumulative since its stream began) with every packet; ``StageRecorder``
 keeps the last ones of each worker, with when they arrived, and snapshots of the training
-process's own figures taken at each ``stats()`` call. A span's figures are the difference of
-two of them: no per-batch cost beyond a packet's arrival.
+process's own figures taken every ``KEEP_EVERY`` seconds of the loop and at each ``stats()``
+call. A span's figures are the difference of two of them: no per-batch cost beyond a
+packet's arrival.
 
 ``verdict`` turns the loop's wait and these figures into a ``Bottleneck`` and one line of
 advice (the table in docs/observability.md).
@@ -36,9 +37,11 @@ Bottleneck = Literal["storage", "decode", "transform", "transport", "trainer"]
 
 # Above this data-wait fraction the loop is waiting on data (docs/observability.md).
 WAIT_THRESHOLD = 0.05
-# Figures kept per process for the recent window: a worker's with each packet, the training
-# process's every KEEP_EVERY seconds of the loop and at each stats() call.
+# Figures kept per process for the recent window: a worker's with each packet (of up to 64
+# batches), the training process's every KEEP_EVERY seconds of the loop (102 s of them) and
+# at each stats() call.
 _KEPT = 256
+_KEPT_OWN = 2048
 KEEP_EVERY = 0.05
 # A figures vector: base.stages' figures, then batches and rows.
 _BATCHES, _ROWS = stages.FIGURES, stages.FIGURES + 1
@@ -103,7 +106,7 @@ class StageRecorder:
         self._workers: list[deque[tuple[float, Figures]]] = [
             deque(maxlen=_KEPT) for _ in range(num_workers)
         ]
-        self._own: deque[tuple[float, Figures]] = deque(maxlen=_KEPT)
+        self._own: deque[tuple[float, Figures]] = deque(maxlen=_KEPT_OWN)
         self._sent = np.zeros((num_workers, 2))  # batches, rows received from each worker
 
     def arrived(self, packet: Packet) -> None:
@@ -238,13 +241,9 @@ def _own() -> Figures:
 def _before(kept: deque[tuple[float, Figures]], cutoff: float) -> Figures:
     """The last figures kept before ``cutoff``; if none, zeros (the span begins with the
     iteration), or the oldest kept when older ones were dropped."""
-    earlier = None
-    for at, figures in kept:
-        if at >= cutoff:
-            break
-        earlier = figures
-    if earlier is not None:
-        return earlier
+    for at, figures in reversed(kept):  # a recent window starts near the newest
+        if at < cutoff:
+            return figures
     return kept[0][1] if len(kept) == kept.maxlen else np.zeros(_SIZE)
 
 
