@@ -24,12 +24,16 @@ def test_exports():
         "DataLoaderUtilsError",
         "DataSourceError",
         "EpochStartError",
+        "GlobalStats",
         "InvalidStateError",
         "LoaderStats",
         "LoopStats",
         "LostBatchesError",
+        "ProcessStats",
         "SchemaMismatchError",
         "Source",
+        "SourceStats",
+        "StageStats",
         "StructuredDataLoader",
         "StructuredDataset",
         "TokenPacking",
@@ -63,8 +67,13 @@ def test_integrations_export_their_names_and_the_core_imports_no_trainer():
 
     from torch_dataloader_utils.integrations import hf, lightning
 
-    assert hf.__all__ == ["LOADER_STATE_FILE", "StructuredTrainer", "StructuredTrainerMixin"]
-    assert lightning.__all__ == ["LoaderStatesPerRank"]
+    assert hf.__all__ == [
+        "LOADER_STATE_FILE",
+        "DataStatsCallback",
+        "StructuredTrainer",
+        "StructuredTrainerMixin",
+    ]
+    assert lightning.__all__ == ["DataStats", "LoaderStatesPerRank"]
     check = (
         "import sys, torch_dataloader_utils; "
         "print(sorted(m for m in ('transformers', 'lightning', 'pytorch_lightning') "

@@ -1,7 +1,10 @@
 """Stream Parquet/Arrow files into PyTorch with exact, content-addressed mid-epoch resume."""
 
 from .api.dataset import StructuredDataset
+from .api.global_stats import GlobalStats
 from .api.loader import StructuredDataLoader
+from .api.mixture_stats import SourceStats
+from .api.stage_stats import ProcessStats, StageStats
 from .api.stats import LoaderStats, LoopStats
 from .base.errors import (
     CheckpointMismatchError,
@@ -23,12 +26,16 @@ __all__ = [
     "DataLoaderUtilsError",
     "DataSourceError",
     "EpochStartError",
+    "GlobalStats",
     "InvalidStateError",
     "LoaderStats",
     "LoopStats",
     "LostBatchesError",
+    "ProcessStats",
     "SchemaMismatchError",
     "Source",
+    "SourceStats",
+    "StageStats",
     "StructuredDataLoader",
     "StructuredDataset",
     "TokenPacking",

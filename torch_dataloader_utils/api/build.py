@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..base.args import PathArg, dataset_paths, optional_mapping, optional_whole
+from ..base.stages import LISTING, Stage
 from ..base.world import World
 from ..checkpoint import distributed
 from ..formats import get_format
@@ -90,7 +91,8 @@ def _source(
     # a collective only when asked for: the library calls dist.* only where told to
     shared = share_index and distributed.spans_process_group(world.rank, world.world_size)
     job = distributed if shared else None
-    index = build_index(storage, fmt, path, config.read_columns, config.split_bytes, job=job)
+    with Stage(LISTING):
+        index = build_index(storage, fmt, path, config.read_columns, config.split_bytes, job=job)
     if config.tokenize is not None:
         config.tokenize.check(index.schema, f"the files at {storage.display(first)}")
     files = SourceFiles(

@@ -13,6 +13,7 @@ its first batch. A batch that is not a dict cannot be refilled: the iterator rai
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -33,12 +34,18 @@ class Feed:
     which of them it handed out and the loop read (``handouts``), and their timings
     (``recorder``). A restart swaps the batches and the timings."""
 
-    def __init__(self, batches: Iterator[Any], dataset: ServedDataset, num_workers: int) -> None:
+    def __init__(
+        self,
+        batches: Iterator[Any],
+        dataset: ServedDataset,
+        num_workers: int,
+        log_every: float | None = None,
+    ) -> None:
         self.batches = batches
         self.handouts = HandOuts()
-        self.recorder = Recorder(num_workers)
+        self._new_recorder = functools.partial(Recorder, num_workers, log_every=log_every)
+        self.recorder = self._new_recorder()
         self._dataset = dataset
-        self._num_workers = num_workers
         self._superseded: str | None = None  # why the iterator must not hand out more
 
     def handed_out(self) -> Iterator[Any]:
@@ -66,7 +73,7 @@ class Feed:
         _close(self.batches)  # stops its workers (persistent ones learn the new epoch)
         dataset.set_epoch(epoch)
         self.batches = begin()
-        self.recorder = Recorder(self._num_workers)
+        self.recorder = self._new_recorder()
         for batch in held:
             taken = self._take()
             if taken is None:

@@ -16,12 +16,14 @@ from ..base.args import loader_options
 from ..base.compat import ACCELERATE_PREPARED, accelerator_available, shutdown_workers
 from ..base.errors import CheckpointMismatchError, LostBatchesError, UnsendableBatchError
 from ..base.log import log
+from ..base.stages import READ_AHEAD, timed
 from ..mixing.epochs import AnyProgress
 from ..planning.plan import Position
 from ..reading.packets import WorkerFailure, slot_bytes
 from ..transport.packet import Packet
 from ..transport.slots import SharedSlots
 from .feed import Feed
+from .global_stats import GlobalStats, gather_stats
 from .handout import KEEP, HandOuts
 from .served import ServedDataset
 from .stats import LoaderStats, Recorder
@@ -46,6 +48,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
     """
 
     dataset: ServedDataset  # a StructuredDataset
+    log_stats_every: float | None = None  # seconds between INFO lines of stats(); None: off
 
     def __init__(self, dataset: ServedDataset, **kwargs: Any) -> None:
         owned = sorted(set(kwargs) & set(_OWNED_BY_DATASET))
@@ -66,7 +69,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         self._feed: weakref.ref[Feed] | None = None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        feed = Feed(self._batches(), self.dataset, self.num_workers)
+        feed = Feed(self._batches(), self.dataset, self.num_workers, self.log_stats_every)
         self._handouts, self._recorder, self._feed = feed.handouts, feed.recorder, weakref.ref(feed)
         return feed.handed_out()
 
@@ -110,6 +113,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         generation = slots.begin(start.epoch if start.is_fresh else None)
         with dataset._iteration(self.num_workers, slots) as progress:
             packets = super().__iter__()
+        waited = timed(packets, READ_AHEAD)  # the loop waiting for the workers
         arrivals = _Arrivals(self, progress)
         pin = self.pin_memory and accelerator_available()
         worker = progress.cursor
@@ -117,7 +121,7 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         try:
             while arrivals.pending():
                 while arrivals.awaits(worker):
-                    arrivals.receive(next(packets, None), slots, pin)
+                    arrivals.receive(next(waited, None), slots, pin)
                 batch = arrivals.take(worker)
                 if batch is not _NOTHING:
                     yield batch
@@ -158,16 +162,17 @@ class StructuredDataLoader(torch.utils.data.DataLoader[Any]):
         shutdown_workers(packets)
 
     def stats(self, recent_seconds: float = 10.0) -> LoaderStats:
-        """Is the training loop waiting on data? Figures of the current iteration (fresh for
-        each ``iter(loader)``, so after ``load_state_dict`` too): the time the loop spent
-        blocked in ``next()`` and between calls, batches, rows and tokens handed out, since the
-        loop's first ``next()`` and over the last ``recent_seconds``, with a ``bottleneck``
-        verdict and ``advice`` (docs/observability.md). A call costs 10-20 us: call it every
-        step of a training loop, or every N steps of a loop that only fetches batches.
-        """
+        """Is the training loop waiting on data, and on what? Figures of the current iteration
+        since the loop's first ``next()`` and over the last ``recent_seconds``: the loop's wait,
+        each process's stages, a mixture's sources, a ``bottleneck`` and ``advice``
+        (docs/observability.md). A call costs 10-20 us: cheap enough for every step."""
         if not recent_seconds > 0:
             raise ValueError(f"stats(recent_seconds=...) must be > 0, got {recent_seconds!r}")
-        return self._recorder.stats(recent_seconds)
+        return self._recorder.stats(recent_seconds, self.dataset._progress)
+
+    def gather_stats(self, dst_rank: int = 0, recent_seconds: float = 10.0) -> GlobalStats | None:
+        """Collective: every rank's ``stats()`` on ``dst_rank``, the slowest rank named."""
+        return gather_stats(self.stats(recent_seconds), dst_rank)
 
     def __len__(self) -> int:
         """Batches this rank yields in the epoch (``DataLoader.__len__`` would count packets)."""
@@ -347,6 +352,7 @@ class _Arrivals:
             self._waiting[worker].append(packet.error)
             return
         self._waiting[worker].extend(packet.unpack(slots, pin=pin))
+        self._loader._recorder.stages.arrived(packet)
         if packet.positions:
             self._received[worker] = packet.positions[-1]
 

@@ -18,18 +18,23 @@ import bisect
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-__all__ = ["RING", "WAIT_THRESHOLD", "Bottleneck", "LoaderStats", "LoopStats", "Recorder"]
+from ..base.log import log
+from ..base.stages import STAGES
+from ..mixing.epochs import AnyProgress
+from .mixture_stats import MixtureFigures, SourceStats
+from .stage_stats import KEEP_EVERY, Bottleneck, ProcessStats, StageRecorder, batch_rows, verdict
 
-Bottleneck = Literal["storage", "decode", "transform", "transport", "trainer"]
+__all__ = ["RING", "LoaderStats", "LoopStats", "Recorder", "summary"]
 
 # Batches whose per-batch figures are kept (for percentiles and the recent window).
 RING = 2048
-# Above this data-wait fraction the loop is waiting on data (docs/observability.md).
-WAIT_THRESHOLD = 0.05
+# The verdict judges the recent window if it spans this long (or all it was asked to), else
+# the iteration since its start: a few ms of tiny batches say little.
+_JUDGED_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -64,10 +69,15 @@ class LoaderStats:
 
     ``since_start`` covers the iteration from the loop's first ``next()``; ``recent`` the last
     ``recent_seconds`` (or the last 2,048 batches, if those span less: its ``seconds`` says
-    which). ``startup_seconds`` is the wait for the first batch. ``bottleneck`` names what
-    limits throughput, ``"trainer"`` when data is ready before the loop asks for it, and
-    ``advice`` the setting to change (docs/observability.md has the rule). ``as_dict()`` is
-    the value as plain JSON-able types.
+    which). ``startup_seconds`` is the wait for the first batch. ``processes`` are where the
+    reading time went: the training process (``"main"``) first, then each worker.
+    ``queued_batches`` are batches arrived from workers and not yet handed out.
+    ``mixture`` has a mixture's sources, what each delivered against its share (empty for
+    one dataset).
+    ``bottleneck`` names what limits throughput, ``"trainer"`` when data is ready before the
+    loop asks for it, and ``advice`` the setting to change (docs/observability.md has the
+    rule). ``as_dict()`` is the value as plain JSON-able types, ``metrics()`` its key figures
+    as ``data/...`` numbers for a trainer's logger.
     """
 
     since_start: LoopStats
@@ -75,20 +85,64 @@ class LoaderStats:
     recent_seconds: float
     startup_seconds: float
     num_workers: int
+    processes: tuple[ProcessStats, ...]
+    queued_batches: int
+    mixture: tuple[SourceStats, ...]
     bottleneck: Bottleneck
     advice: str
 
     def as_dict(self) -> dict[str, Any]:
-        """The figures as a dict of ``str``, ``int``, ``float`` and nested dicts."""
-        return asdict(self)
+        """The figures as a dict of ``str``, ``int``, ``float``, nested dicts and lists."""
+        figures = asdict(self)
+        figures["processes"] = list(figures["processes"])
+        figures["mixture"] = list(figures["mixture"])
+        return figures
+
+    def metrics(self) -> dict[str, float]:
+        """The key figures of the recent window as ``data/<name>`` numbers for a trainer's
+        logger: the loop's wait (share; p50/p95/p99 in seconds), rows and tokens per second,
+        queued batches, each stage's seconds over all processes (``data/decode_seconds``,
+        ...) and a mixture's ``data/<source>/delivered_share`` and ``data/<source>/epoch``."""
+        recent = self.recent
+        seconds = recent.seconds or 1.0
+        metrics = {
+            "data/wait_fraction": recent.wait_fraction,
+            "data/wait_p50": recent.wait_p50,
+            "data/wait_p95": recent.wait_p95,
+            "data/wait_p99": recent.wait_p99,
+            "data/rows_per_second": recent.rows / seconds,
+            "data/tokens_per_second": recent.tokens / seconds,
+            "data/queued_batches": float(self.queued_batches),
+        }
+        for stage in STAGES:
+            total = sum(getattr(p.recent, stage) for p in self.processes)
+            metrics[f"data/{stage}_seconds"] = total
+        for source in self.mixture:
+            metrics[f"data/{source.name}/delivered_share"] = source.delivered_share
+            metrics[f"data/{source.name}/epoch"] = float(source.epoch)
+        return metrics
 
 
 class Recorder:
     """One iteration's timings and counts, as the loader hands out batches (not thread-safe
     for writing: only the iterating thread calls ``record``; ``stats`` may read any time)."""
 
-    def __init__(self, num_workers: int, size: int = RING) -> None:
+    def __init__(self, num_workers: int, size: int = RING, log_every: float | None = None) -> None:
         self._num_workers = num_workers
+        self._log_every = log_every  # seconds between INFO lines of summary(); None: none
+        self._next_log = math.inf
+        self._keep_own = 0.0  # when the training process's figures are kept next
+        # the processes' figures and the verdict, refreshed at most every KEEP_EVERY seconds:
+        # when, for which recent window, and them
+        self._judged: tuple[float, float, tuple[ProcessStats, ...], Bottleneck, str] = (
+            -math.inf,
+            0.0,
+            (),
+            "trainer",
+            "",
+        )
+        self.stages = StageRecorder(num_workers)  # each process's reading
+        self._mixture = MixtureFigures()
         self._size = size
         self._asked = [0.0] * size  # when the loop called next() for batch j (at j % size)
         self._before: list[tuple[float, float, int, int]] = [(0.0, 0.0, 0, 0)] * size
@@ -110,6 +164,8 @@ class Recorder:
             wait, trainer = got - asked, asked - self._last
         else:
             self._start, self._startup, wait, trainer = asked, got - asked, 0.0, 0.0
+            if self._log_every:
+                self._next_log = got + self._log_every
         rows, tokens = batch_rows(batch)
         before = self._totals
         self._asked[i], self._before[i], self._wait[i] = asked, before, wait
@@ -122,9 +178,16 @@ class Recorder:
         )
         self._last = got
         self._count += 1
+        if got >= self._keep_own:
+            self._keep_own = got + KEEP_EVERY
+            self.stages.keep_own(got, self._totals[2], self._count)
+        if got >= self._next_log:
+            self._next_log = got + (self._log_every or math.inf)
+            log.info("%s", summary(self.stats(self._log_every or 1.0)))
 
-    def stats(self, recent_seconds: float) -> LoaderStats:
-        """The figures now; ``recent`` over the last ``recent_seconds``.
+    def stats(self, recent_seconds: float, progress: AnyProgress | None = None) -> LoaderStats:
+        """The figures now; ``recent`` over the last ``recent_seconds``; a mixture's per source
+        from ``progress``, the iteration's delivery.
 
         O(log RING) but for the percentiles (a partial sort of at most ``RING`` waits): the
         ring keeps the totals before each batch, so a window's sums are two subtractions.
@@ -139,15 +202,43 @@ class Recorder:
             percentiles=self._quantiles(oldest, 0),
         )
         recent = self._recent(now - recent_seconds, now, oldest)
-        bottleneck, advice = verdict(recent if recent.batches > 1 else since, self._num_workers)
+        at, window, processes, bottleneck, advice = self._judged
+        if now - at >= KEEP_EVERY or window != recent_seconds or count < 2:
+            processes = self.stages.processes(now - recent.seconds, since.rows, since.batches)
+            bottleneck, advice = self._verdict(since, recent, recent_seconds, processes)
+            self._judged = (now, recent_seconds, processes, bottleneck, advice)
         return LoaderStats(
             since_start=since,
             recent=recent,
             recent_seconds=recent_seconds,
             startup_seconds=self._startup,
             num_workers=self._num_workers,
+            processes=processes,
+            queued_batches=self.stages.received() - count if self._num_workers else 0,
+            mixture=self._mixture.of(progress),
             bottleneck=bottleneck,
             advice=advice,
+        )
+
+    def _verdict(
+        self,
+        since: LoopStats,
+        recent: LoopStats,
+        recent_seconds: float,
+        processes: tuple[ProcessStats, ...],
+    ) -> tuple[Bottleneck, str]:
+        """The verdict on the recent window, unless its ring of batches spans too short a
+        time to judge by (then on the iteration since its start)."""
+        short = recent.seconds < min(recent_seconds, _JUDGED_SECONDS)
+        judged = since if recent.batches < 2 or short else recent
+        return verdict(
+            wait_fraction=judged.wait_fraction,
+            wait_seconds=judged.wait_seconds,
+            seconds=judged.seconds,
+            batches=judged.batches,
+            rows=judged.rows,
+            processes=tuple(p.recent if judged is recent else p.since_start for p in processes),
+            num_workers=self._num_workers,
         )
 
     def _recent(self, cutoff: float, now: float, oldest: int) -> LoopStats:
@@ -248,43 +339,13 @@ def _percentiles(waits: Any) -> tuple[float, float, float]:
     return p50, p95, p99
 
 
-def verdict(loop: LoopStats, num_workers: int) -> tuple[Bottleneck, str]:
-    """What limits the loop, from its figures, and the setting to change (the table in
-    docs/observability.md). Until per-stage times are measured, a wait on data is laid at the
-    door of the reading pipeline as a whole (storage, decode, transform), ``"decode"``."""
-    share = f"the loop waits {loop.wait_fraction:.0%} of its time on data"
-    if loop.batches < 2 or loop.wait_fraction < WAIT_THRESHOLD:
-        return "trainer", f"{share}: data is ready before it is asked for; nothing to change"
-    if num_workers == 0:
-        return "decode", (
-            f"{share}, read in the training process: set num_workers >= 1 so that workers "
-            f"read while the loop computes"
-        )
-    return "decode", (
-        f"{share}: the {num_workers} worker(s) do not keep up; raise num_workers (up to the "
-        f"free cores) or prefetch_factor"
+def summary(stats: LoaderStats) -> str:
+    """One line: the recent wait, its p99, rows (and tokens) per second, the verdict."""
+    recent = stats.recent
+    seconds = recent.seconds or 1.0
+    tokens = f", {recent.tokens / seconds:,.0f} tokens/s" if recent.tokens else ""
+    return (
+        f"data: the loop waited {recent.wait_fraction:.0%} of the last {recent.seconds:.0f} s "
+        f"(p99 {recent.wait_p99 * 1e3:.1f} ms per batch), {recent.rows / seconds:,.0f} rows/s"
+        f"{tokens}, {recent.batches} batches; bottleneck {stats.bottleneck}: {stats.advice}"
     )
-
-
-def batch_rows(batch: Any) -> tuple[int, int]:
-    """Rows a batch holds (its first column's length; a packed batch's sequences) and its real
-    tokens (a packed batch's ``num_tokens``, else 0)."""
-    if isinstance(batch, dict):
-        tokens = batch.get("num_tokens", 0)
-        tokens = int(tokens) if isinstance(tokens, (int, np.integer)) else 0
-        for value in batch.values():
-            rows = _length(value)
-            if rows is not None:
-                return rows, tokens
-        return 0, tokens
-    if isinstance(batch, (tuple, list)):
-        return (_length(batch[0]) or 0 if batch else 0), 0
-    return _length(batch) or 0, 0
-
-
-def _length(value: Any) -> int | None:
-    """Rows of a column or batch; ``None`` for a value without rows (a scalar, a 0-d tensor)."""
-    shape = getattr(value, "shape", None)  # tensors, arrays, Arrow record batches: cheap
-    if shape is not None:
-        return int(shape[0]) if len(shape) else None
-    return len(value) if hasattr(value, "__len__") else None

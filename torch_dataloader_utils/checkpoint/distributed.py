@@ -39,6 +39,7 @@ __all__ = [
     "agree",
     "from_rank_zero",
     "gather_states",
+    "gather_stats",
     "on_every_rank",
     "scatter_states",
     "spans_process_group",
@@ -71,6 +72,16 @@ def gather_states(state: dict[str, Any], dst_rank: int) -> list[dict[str, Any]] 
             f"and world_size to detection), or gather the states yourself in dataset-rank order"
         )
     return [dict(s) for s in gathered]
+
+
+def gather_stats(stats: dict[str, Any], dst_rank: int) -> list[dict[str, Any]] | None:
+    """Every rank's ``loader.stats()`` (as a dict) on ``dst_rank``, by process rank; ``None``
+    on the others. One ``gather_object``."""
+    world_size = _require_process_group("gather_stats")
+    _check_rank_arg("dst_rank", dst_rank, world_size)
+    gathered: list[Any] | None = [None] * world_size if dist.get_rank() == dst_rank else None
+    dist.gather_object(stats, gathered, dst=dst_rank)
+    return gathered
 
 
 def scatter_states(

@@ -1,4 +1,5 @@
-"""The command line: ``python -m torch_dataloader_utils plan | inspect | verify`` (docs/cli.md).
+"""The command line: ``python -m torch_dataloader_utils plan | inspect | verify | profile``
+(docs/cli.md).
 
 The library prints nothing; this package is an application. It prints reports on stdout, errors
 on stderr, and configures ``logging`` (``-v``: INFO of ``torch_dataloader_utils``). Each command
@@ -12,7 +13,7 @@ unreadable file, a corrupted state, bad arguments): one error line, never a trac
     args      options shared by the commands
     files     dataset states inside JSON / torch.save checkpoint files
     resume    the checks of a resume, without iterating
-    plan, inspect, verify   one command each
+    plan, inspect, verify, profile   one command each
     mix_plan, mix_inspect, mix_verify   the same for a mixture of sources
     output    exit statuses, text and JSON
 """
@@ -30,6 +31,7 @@ from .args import storage_options
 from .inspect import add_inspect, inspect
 from .output import EXIT_BAD_INPUT, EXIT_MISMATCH, PROG
 from .plan import add_plan, plan
+from .profile import add_profile, profile
 from .verify import add_verify, verify
 
 __all__ = ["main"]
@@ -39,6 +41,7 @@ _COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Command]] 
     "plan": (add_plan, plan),
     "inspect": (add_inspect, inspect),
     "verify": (add_verify, verify),
+    "profile": (add_profile, profile),
 }
 
 
@@ -80,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Plan, inspect and verify torch_dataloader_utils datasets and checkpoints.",
+        description="Plan, inspect, verify, profile torch_dataloader_utils datasets, checkpoints.",
         epilog="exit status: 0 ok, 1 checkpoint mismatch, 2 bad input. See docs/cli.md.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help=argparse.SUPPRESS)

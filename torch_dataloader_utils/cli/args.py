@@ -12,7 +12,15 @@ from ..planning.config import DEFAULT_SHUFFLE_MEMORY_BYTES, DEFAULT_SPLIT_BYTES
 from ..storage.secrets import secret_values
 from .files import BadInput
 
-__all__ = ["add_settings", "byte_size", "pairs", "planned_settings", "storage_options"]
+__all__ = [
+    "add_settings",
+    "add_sources",
+    "byte_size",
+    "pairs",
+    "planned_settings",
+    "storage_options",
+    "weight",
+]
 
 
 def add_settings(parser: argparse.ArgumentParser, *, plan: bool) -> None:
@@ -42,6 +50,17 @@ def add_settings(parser: argparse.ArgumentParser, *, plan: bool) -> None:
         action=argparse.BooleanOptionalAction,
         help=f"even out ranks (default: on when world size > 1){of}",
     )
+
+
+def add_sources(parser: argparse.ArgumentParser) -> Any:
+    """``--source NAME=PATH`` and ``--weight NAME=N``, repeatable: a mixture instead of PATH
+    (the group, for a command's own mixture options)."""
+    mixture = parser.add_argument_group("a mixture (instead of PATH)")
+    mixture.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
+                         help="a source of the mixture, repeatable")  # fmt: skip
+    mixture.add_argument("--weight", action="append", default=[], metavar="NAME=N",
+                         help="its integer weight, one per source")  # fmt: skip
+    return mixture
 
 
 def planned_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -80,6 +99,13 @@ def pairs(items: Sequence[str], option: str, what: str) -> list[tuple[str, str]]
             raise BadInput(f"{option} names {name!r} twice: give each name once")
         found[name] = value
     return list(found.items())
+
+
+def weight(text: str) -> int:
+    """A mixture source's ``--weight NAME=N`` value: a whole number."""
+    if not text.isdigit():
+        raise BadInput(f"--weight takes NAME=N with N a whole number, got {text!r}")
+    return int(text)
 
 
 def storage_options(items: Sequence[str]) -> dict[str, Any]:

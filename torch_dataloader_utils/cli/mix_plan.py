@@ -17,7 +17,7 @@ from typing import Any
 from ..api.dataset import StructuredDataset
 from ..mixing.epochs import MixedEpochs, MixedProgress
 from ..planning.epochs import Start
-from .args import pairs, planned_settings
+from .args import pairs, planned_settings, weight
 from .files import BadInput
 from .output import EXIT_OK, Report, emit, table
 
@@ -53,19 +53,13 @@ def mixture_plan(args: argparse.Namespace) -> int:
 
 def _mixture(args: argparse.Namespace) -> MixedEpochs:
     paths = dict(pairs(args.source, "--source", "PATH"))
-    weights = {name: _weight(value) for name, value in pairs(args.weight, "--weight", "N")}
+    weights = {name: weight(value) for name, value in pairs(args.weight, "--weight", "N")}
     dataset = StructuredDataset(
         paths, weights=weights, epoch_size=args.epoch_size, **planned_settings(args)
     )
     mix = dataset._epochs
     assert isinstance(mix, MixedEpochs)
     return mix
-
-
-def _weight(text: str) -> int:
-    if not text.isdigit():
-        raise BadInput(f"--weight takes NAME=N with N a whole number, got {text!r}")
-    return int(text)
 
 
 def _sources(mix: MixedEpochs) -> list[dict[str, Any]]:

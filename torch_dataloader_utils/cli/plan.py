@@ -15,7 +15,7 @@ import numpy as np
 from ..api.dataset import StructuredDataset
 from ..planning.epochs import Epochs, Start
 from ..planning.plan import EpochPlan
-from .args import add_settings, planned_settings
+from .args import add_settings, add_sources, planned_settings
 from .files import BadInput
 from .mix_plan import mixture_plan
 from .output import EXIT_OK, Report, emit, size, table
@@ -31,11 +31,7 @@ def add_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epoch", type=int, default=0, help="the epoch to plan (default 0)")
     parser.add_argument("--batch-size", type=int, default=1024, help="for batches per stream")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    mixture = parser.add_argument_group("a mixture (instead of PATH)")
-    mixture.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
-                         help="a source of the mixture, repeatable")  # fmt: skip
-    mixture.add_argument("--weight", action="append", default=[], metavar="NAME=N",
-                         help="its integer weight, one per source")  # fmt: skip
+    mixture = add_sources(parser)
     mixture.add_argument("--epoch-size", type=int, metavar="N", help="rows of a mixture epoch")
     mixture.add_argument("--step", type=int, metavar="K",
                          help="list what batch K of the epoch (of --rank) reads")  # fmt: skip

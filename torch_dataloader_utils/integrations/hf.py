@@ -26,7 +26,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, get_l
 
 from ..api.loader import StructuredDataLoader
 
-__all__ = ["LOADER_STATE_FILE", "StructuredTrainer", "StructuredTrainerMixin"]
+__all__ = ["LOADER_STATE_FILE", "DataStatsCallback", "StructuredTrainer", "StructuredTrainerMixin"]
 
 # The loader's state of process ``{process}`` in a checkpoint directory.
 LOADER_STATE_FILE = "loader_state_{process}.json"
@@ -45,13 +45,21 @@ class StructuredTrainerMixin(_Base):
     directory gets ``loader_state_<process>.json``; ``train(resume_from_checkpoint=path or
     True)`` loads it before training, and the Trainer's own fast-forward is off
     (``args.ignore_data_skip = True``): the loader starts at the checkpoint by itself. Each
-    epoch after the first starts the loader's next epoch (``set_epoch``).
+    epoch after the first starts the loader's next epoch (``set_epoch``). With
+    ``data_stats=True`` every log also holds the loader's ``data/...`` figures
+    (``DataStatsCallback``).
 
     The ``TrainingArguments`` ``dataloader_*`` settings do not apply: pass ``num_workers``,
     ``pin_memory``, ... to ``create_dataloader``.
     """
 
-    def __init__(self, *args: Any, train_dataloader: StructuredDataLoader, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        train_dataloader: StructuredDataLoader,
+        data_stats: bool = False,
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(train_dataloader, StructuredDataLoader):
             raise TypeError(
                 f"train_dataloader must be the StructuredDataLoader of "
@@ -62,6 +70,8 @@ class StructuredTrainerMixin(_Base):
         train_dataloader.dataset._trainer_moves_epochs()  # epoch-end states say "finished"
         self.args.ignore_data_skip = True  # the loader resumes from its state, not by skipping
         self.add_callback(_LoaderCheckpoints(train_dataloader))
+        if data_stats:  # first: the reporters (wandb, ...) then see the figures
+            self.callback_handler.callbacks.insert(0, DataStatsCallback(train_dataloader))
 
     def get_train_dataloader(self) -> Any:
         """The loader itself: not rebuilt, not prepared by Accelerate (it shards by rank)."""
@@ -121,6 +131,37 @@ class _LoaderCheckpoints(TrainerCallback):
         partial = path.with_suffix(".json.partial")
         partial.write_text(json.dumps(self.loader.state_dict()))
         os.replace(partial, path)
+
+
+class DataStatsCallback(TrainerCallback):
+    """Adds ``loader.stats()``'s key figures (``data/wait_fraction``, ``data/rows_per_second``,
+    ..., ``LoaderStats.metrics()``) to every log of the Trainer:
+    ``Trainer(..., callbacks=[DataStatsCallback(loader)])``.
+
+    The Trainer calls its reporting callbacks (wandb, TensorBoard, ...) before the ones it is
+    given, so this one also puts the figures into the log just recorded in
+    ``state.log_history``; for the reporters to see them, put it first:
+    ``trainer.callback_handler.callbacks.insert(0, DataStatsCallback(loader))``.
+    ``StructuredTrainer(..., data_stats=True)`` does that.
+    """
+
+    def __init__(self, loader: StructuredDataLoader, recent_seconds: float = 10.0) -> None:
+        self.loader = loader
+        self.recent_seconds = recent_seconds
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **_: Any,
+    ) -> None:
+        metrics = self.loader.stats(self.recent_seconds).metrics()
+        if logs is not None:
+            logs.update(metrics)
+        if state.log_history:
+            state.log_history[-1].update(metrics)
 
 
 def _checkpoint_dir(resume_from_checkpoint: str | bool | None, output_dir: str) -> str | None:

@@ -17,9 +17,10 @@ import torch.distributed as dist
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 
+from ..api.loader import StructuredDataLoader
 from ..base.compat import LIGHTNING_LOADER_STATES
 
-__all__ = ["LoaderStatesPerRank"]
+__all__ = ["DataStats", "LoaderStatesPerRank"]
 
 # Where the states of every process go in the checkpoint, beside Lightning's own (process 0's).
 KEY = "torch_dataloader_utils/loader_states_per_rank"
@@ -62,6 +63,24 @@ class LoaderStatesPerRank(Callback):
         for key in LIGHTNING_LOADER_STATES[:-1]:
             loop = loop[key]
         loop[LIGHTNING_LOADER_STATES[-1]] = everyone[trainer.global_rank]
+
+
+class DataStats(Callback):
+    """Logs ``loader.stats()``'s key figures (``data/wait_fraction``, ``data/rows_per_second``,
+    ..., ``LoaderStats.metrics()``) with the module's own metrics, every
+    ``log_every_n_steps`` training batches: ``Trainer(callbacks=[DataStats(loader)])``."""
+
+    def __init__(self, loader: StructuredDataLoader, recent_seconds: float = 10.0) -> None:
+        self.loader = loader
+        self.recent_seconds = recent_seconds
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        every = int(getattr(trainer, "log_every_n_steps", 50))  # set by Trainer(...), undeclared
+        if batch_idx % max(1, every):
+            return
+        pl_module.log_dict(self.loader.stats(self.recent_seconds).metrics(), on_step=True)
 
 
 def _lightning_states(checkpoint: dict[str, Any]) -> Any:

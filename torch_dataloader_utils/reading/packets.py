@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..base import stages
 from ..base.errors import UnsendableBatchError
 from ..planning.plan import Position
 from ..transport.packet import Packet, Unjoined, pack, tensor_bytes
@@ -104,18 +105,23 @@ def send(parts: Iterable[Parts], slots: SharedSlots, worker: int) -> Iterator[Pa
     slots.guard_worker()
     stream = iter(parts)
     seq = 0
+    began = stages.snapshot()  # each packet carries the worker's figures since
     while True:
         positions: list[Position] = []
         try:
-            part = next(stream, None)
+            with stages.Stage(stages.DECODE):  # less the stages inside
+                part = next(stream, None)
             if part is None:
                 return
             group, lengths, positions, last = part
-            slot = slots.acquire(worker, generation)
+            with stages.Stage(stages.BLOCKED):
+                slot = slots.acquire(worker, generation)
             if slot is None:  # the main process ended the iteration
                 return
-            packet = pack(slots, worker, slot, group, lengths, positions, last=last, seq=seq)
-            _pickle_payload(packet, slots)
+            with stages.Stage(stages.TRANSPORT):
+                packet = pack(slots, worker, slot, group, lengths, positions, last=last, seq=seq)
+                _pickle_payload(packet, slots)
+            packet.stages = stages.snapshot() - began
         except Exception as exc:
             yield _failed(worker, seq, positions, exc)
             return

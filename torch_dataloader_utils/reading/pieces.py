@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from ..base.errors import DataSourceError
+from ..base.stages import DECODE, timed
 from ..formats import FileFormat
 from ..index.index import DatasetIndex, IndexedFile
 from ..planning.order import StreamOrder
@@ -139,8 +140,9 @@ def piece_chunks(
     leading, done, want = read.leading, read.done, read.want
     try:
         with handle:
-            reads = source.fmt.read_units(
-                handle, file.metadata, read.units, source.columns, read_rows
+            reads = timed(
+                source.fmt.read_units(handle, file.metadata, read.units, source.columns, read_rows),
+                DECODE,
             )
             for chunk in reads:
                 if leading:

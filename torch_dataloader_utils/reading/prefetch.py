@@ -15,6 +15,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
+from ..base.stages import READ_AHEAD, Stage
+
 __all__ = ["prefetch"]
 
 T = TypeVar("T")
@@ -67,7 +69,8 @@ def prefetch(items: Iterator[T], depth: int, waited: threading.Event | None = No
         while True:
             if waited is not None and buffer.empty():
                 waited.set()
-            item, error = buffer.get()
+            with Stage(READ_AHEAD):
+                item, error = buffer.get()
             if error is not None:
                 raise error
             if item is _END:

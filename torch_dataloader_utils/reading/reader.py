@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..base.errors import DataSourceError
+from ..base.stages import PACKING, TRANSFORM, Stage, timed
 from ..planning.config import DatasetConfig
 from ..planning.plan import Position
 from ..transport.packet import Derived, Packet
@@ -41,13 +42,13 @@ class StreamReader:
         transform = self.config.transform
         if self.config.packing is not None:
             for out, position in self._packed(read_ahead):
-                yield (out if transform is None else transform(out)), position
+                yield _transformed(out, transform), position
             return
         copy = copy and not self.source.decodes_into_new_memory
         for run in self._runs(itertools.repeat(1), read_ahead=read_ahead):
             run.chunks = [run.batch()]
             (out,) = self._converted(run, copy)
-            yield (out if transform is None else transform(out)), run.positions[0]
+            yield _transformed(out, transform), run.positions[0]
 
     def packets(self, slots: SharedSlots, worker: int) -> Iterator[Packet]:
         """The stream as packets for ``StructuredDataLoader``; the last (maybe empty) ends it."""
@@ -82,7 +83,7 @@ class StreamReader:
             read_ahead=read_ahead,
             position_ids=position_ids,
         )
-        for arrays, position in packed:
+        for arrays, position in timed(packed, PACKING):
             if self.config.output == "torch":
                 yield {k: _tensor(v) for k, v in arrays.items()}, position
             else:
@@ -113,6 +114,13 @@ class StreamReader:
         except ValueError as exc:
             where = self.source.describe_at(run.positions[-1])
             raise ValueError(f"split {where}: {exc}") from exc
+
+
+def _transformed(batch: Any, transform: Callable[[Any], Any] | None) -> Any:
+    if transform is None:
+        return batch
+    with Stage(TRANSFORM):
+        return transform(batch)
 
 
 def _position_ids(batch: dict[str, Any]) -> Any:

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from ..base.stages import SHUFFLE, Stage
 from ..index.index import DatasetIndex
 from ..planning.order import ShuffledShare, permutation
 from ..planning.plan import Pieces, Position
@@ -68,7 +69,9 @@ def shuffled_chunks(
             rows = data.num_rows
             for lo in range(max(0, start - begin), rows, gather_rows):
                 hi = min(lo + gather_rows, rows)
-                yield data.take(index[lo:hi]), begin + hi
+                with Stage(SHUFFLE):
+                    rows_taken = data.take(index[lo:hi])
+                yield rows_taken, begin + hi
             del data, index  # handed out: let go of it before the next one is read
     finally:
         windows.close()  # type: ignore[attr-defined]
@@ -95,7 +98,8 @@ def _read_windows(
                 partial(_in_order, pool, threads) if pool is not None and waited.is_set() else map
             )
             waited.clear()
-            window = _read_window(source, blocks, later, carried, runs_map)
+            with Stage(SHUFFLE):  # decoding its runs counts as decode
+                window = _read_window(source, blocks, later, carried, runs_map)
             yield window, permutation(window.num_rows, key), begin
             del window  # the consumer is done with it: not held while the next one is read
     finally:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from ..base.stages import TRANSFORM, timed
 from ..base.world import detect_worker
 from ..formats import FileFormat
 from ..index.index import DatasetIndex
@@ -145,10 +146,11 @@ class StreamSource:
                 def describe(row: int, first: int = first) -> str:
                     return self.describe_row(first + row)
 
-                parts = (
+                parts = timed(
                     tokenized(chunk, tokenize, encode, describe)
                     if tokenize.chat is None
-                    else chat_tokenized(chunk, tokenize, describe)
+                    else chat_tokenized(chunk, tokenize, describe),
+                    TRANSFORM,
                 )
                 for part, rows in parts:
                     yield part, first + rows

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base.errors import DataSourceError
+from ..base.stages import BYTES_FETCHED, REQUESTS, STORAGE, Stage, count
 from .backends import cause
 from .retry import DEFAULT_RETRY, RetryPolicy, retry_call, tries
 from .secrets import exception_texts
@@ -76,6 +77,8 @@ class RemoteObject:
 
         def attempt() -> bytes:
             data = self._fetch(start, stop)
+            count(REQUESTS)
+            count(BYTES_FETCHED, len(data))
             if len(data) != stop - start:
                 raise ConnectionError(
                     f"short read: {len(data)} of {stop - start} bytes (connection closed early)"
@@ -376,6 +379,10 @@ class RemoteFile(io.RawIOBase):
     # ------------------------------------------------------------------ reading
 
     def _read_range(self, start: int, stop: int) -> bytes | memoryview:
+        with Stage(STORAGE):  # waiting for bytes fetched ahead, or fetching them now
+            return self._bytes(start, stop)
+
+    def _bytes(self, start: int, stop: int) -> bytes | memoryview:
         if self._known is not None:
             at, known = self._known
             if at <= start and stop <= at + len(known):

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..base.log import log
+from ..base.stages import RETRIES, count
 from .backends import cause, chain, http_status
 
 __all__ = [
@@ -225,6 +226,7 @@ def retry_call(
                     f"attempt {failures + 1} of {policy.attempts} in {delay:.2f} s"
                 ),
             )
+            count(RETRIES)
             sleep(delay)
 
 

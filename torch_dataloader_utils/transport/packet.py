@@ -19,6 +19,7 @@ import pyarrow as pa
 import torch
 
 from ..base.jagged import JaggedArray, JaggedTensorParts, is_jagged, jagged
+from ..base.stages import TRANSPORT, Stage
 from ..planning.plan import Position
 from .slots import SharedSlots, Slab
 
@@ -49,12 +50,14 @@ class Packet:
     last: bool
     seq: int = 0
     error: Any = None
+    stages: Any = None  # the worker's figures (``base.stages``) since its stream began
 
     def unpack(self, slots: SharedSlots, *, pin: bool = False) -> list[tuple[Any, Position]]:
         """The batches: views of the slot when it may be lent, else copies (pinned if ``pin``)."""
         lend = not pin and slots.lend_or_copy(self.worker, self.slot)
         try:
-            return list(zip(self._batches(slots, lend, pin), self.positions, strict=True))
+            with Stage(TRANSPORT):
+                return list(zip(self._batches(slots, lend, pin), self.positions, strict=True))
         finally:
             if not lend:
                 slots.free(self.worker, self.slot)
