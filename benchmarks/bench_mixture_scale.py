@@ -5,7 +5,7 @@ int64, ``x`` float64, ``y`` float32; one row group a file): 20 sources of 5 file
 rows each, 100 sources of 10 files and 20,000 rows each, and (``--thousand``) 1,000 sources of
 one file of 1,000 rows. The mixture weighs each source 1 (equal sizes: an epoch reads every row
 about once); the baseline is ONE dataset over all the files. Both shuffled with
-``shuffle_memory_bytes`` 16 MiB (a mixture: per source, as the library documents), batch 1024.
+``shuffle_memory_bytes`` 16 MiB (a mixture's sources share it), batch 1024.
 
 Each contender x ``num_workers`` (0, 2) runs in a subprocess of its own, so peaks don't mix:
 
@@ -18,7 +18,9 @@ Each contender x ``num_workers`` (0, 2) runs in a subprocess of its own, so peak
    start inside it), and of a fresh loader after ``load_state_dict`` of the state at batch
    30, whose first batch is checked against the uninterrupted run's 31st.
 
-Each figure is printed beside the baseline's from the same run, as a ratio.
+Each figure is printed beside the baseline's from the same run, as a ratio. The run fails
+(exit status 1, after the report) where a mixture's peak RSS is over ``PEAK_BOUND`` x the one
+dataset's (issue 32: one budget for a stream, whatever the number of sources).
 
     python benchmarks/bench_mixture_scale.py [--quick] [--thousand] [--json out.json]
 """
@@ -52,6 +54,7 @@ BATCH, BATCHES, MEMORY = 1024, 30, 16 * 2**20
 # sources, files per source, rows per source (full; --quick divides the rows by 4)
 CASES = {"20": (20, 5, 200_000), "100": (100, 10, 20_000), "1000": (1000, 1, 1_000)}
 CONTENDERS = ("mixture", "one dataset")
+PEAK_BOUND = 1.25  # a mixture's peak RSS over start, at most this x one dataset's
 
 
 def sources_of(root: Path, case: str, quick: bool) -> dict[str, list[str]]:
@@ -173,6 +176,14 @@ def main() -> None:
                 print(f"  {label:22} {show(mixed)} | {show(one)} | {mixed / max(one, 1e-12):6.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
+    over = [
+        f"{row['sources']} sources, {row['workers']} workers: "
+        f"{row['mixture']['peak_rss'] / row['one dataset']['peak_rss']:.2f}"
+        for row in report
+        if row["mixture"]["peak_rss"] > PEAK_BOUND * row["one dataset"]["peak_rss"]
+    ]
+    if over:
+        sys.exit(f"peak RSS of a mixture over {PEAK_BOUND} x one dataset's: {'; '.join(over)}")
 
 
 if __name__ == "__main__":

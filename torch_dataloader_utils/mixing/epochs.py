@@ -208,6 +208,9 @@ class MixedEpochs:
     even_batches: bool
     source_column: str | None
     rests: tuple[SourceRest, ...] = ()  # per source, after an elastic resume
+    # per source: whether it shuffles within a share of ``config.shuffle_memory_bytes``
+    # (``mixing.budget``), not a budget of its own
+    sharing: tuple[bool, ...] = ()
     _orders: dict[tuple[int, int, int, int], StreamOrder] = field(
         default_factory=dict, compare=False, repr=False
     )

@@ -17,6 +17,7 @@ from ..base.errors import DataSourceError
 from ..planning.plan import Position
 from ..planning.tokens import TokenPacking
 from ..reading.packing import Pending, documents, packed_batch
+from ..reading.prefetch import prefetch
 from ..reading.runs import Chunk
 from ..reading.stream import SourceFiles, chunk_rows
 from ..reading.window import Rows, gather
@@ -73,10 +74,16 @@ class MixedSource:
         self, start: Position, min_rows: int, read_ahead: int = 0, *, rows: bool = False
     ) -> Iterator[tuple[pa.RecordBatch, int]]:
         """Chunks of the mixed rows from ``start`` to the end of the epoch, each with the
-        position after its last row (record batches, also with ``rows``)."""
+        position after its last row (record batches, also with ``rows``); with
+        ``read_ahead``, mixed ahead in one thread: the sources are read in it one after another,
+        none in a thread of its own (each thread would keep its own freed memory)."""
+        chunks = self._chunks(start, min_rows)
+        return prefetch(chunks, read_ahead) if read_ahead else chunks
+
+    def _chunks(self, start: Position, min_rows: int) -> Iterator[tuple[pa.RecordBatch, int]]:
         progress = self.progress
         feeds = [
-            _Feed(self, s, int(n), min_rows, read_ahead, as_rows=True)
+            _Feed(self, s, int(n), min_rows, as_rows=True)
             for s, n in enumerate(progress.counts(self.worker, start).tolist())
         ]
         step, total = self.read_rows(min_rows), self.total
@@ -105,13 +112,21 @@ class MixedSource:
         """Batches of ``batch_size`` sequences from ``start`` to the end of the epoch: each
         source packs its own documents, and the schedule deals the sequences. ``skips`` is
         for one dataset's stream: a mixture's packers know their own cut documents (``start``
-        and the elastic deals of ``MixedEpochs.skips``)."""
+        and the elastic deals of ``MixedEpochs.skips``); with ``read_ahead``, packed ahead in
+        one thread, as ``chunks``."""
+        batches = self._packed(packing, start, batch_size, drop_last, position_ids)
+        return prefetch(batches, read_ahead) if read_ahead else batches
+
+    def _packed(
+        self, packing: TokenPacking, start: Position, batch_size: int, drop_last: bool,
+        position_ids: object,
+    ) -> Iterator[tuple[dict[str, Any], Position]]:  # fmt: skip
         progress, seq_len = self.progress, packing.seq_len
         assert isinstance(start, MixPosition)
         packers = []
         stream, workers = progress.stream(self.worker), progress.num_workers
         for s, (row, tokens) in enumerate(start.sources):
-            feed = _Feed(self, s, row, 1, read_ahead)
+            feed = _Feed(self, s, row, 1)
             describe = functools.partial(self._describe_row, s)
             cut = {r: t for r, t in progress.mix.skips(s, stream, workers).items() if r >= row}
             if tokens:
@@ -151,11 +166,11 @@ class _Feed:
     the interleave)."""
 
     def __init__(
-        self, mixed: MixedSource, source: int, ordinal: int, min_rows: int, read_ahead: int,
+        self, mixed: MixedSource, source: int, ordinal: int, min_rows: int,
         *, as_rows: bool = False,
     ) -> None:  # fmt: skip
         self._mixed, self._source = mixed, source
-        self._min_rows, self._read_ahead, self._as_rows = min_rows, read_ahead, as_rows
+        self._min_rows, self._as_rows = min_rows, as_rows
         progress = mixed.progress
         self._places = progress.mix.places_from(
             source, progress.stream(mixed.worker), ordinal, progress.num_workers
@@ -170,7 +185,7 @@ class _Feed:
         self._base -= place.offset
         source = self._mixed.sources[self._source].stream(place.order)
         self._total = place.order.total
-        return source.chunks(place.offset, self._min_rows, self._read_ahead, rows=self._as_rows)
+        return source.chunks(place.offset, self._min_rows, rows=self._as_rows)
 
     def next_chunk(self) -> tuple[Chunk, int]:
         """The next decoded chunk, and the row (over all epochs) after its last."""
