@@ -140,3 +140,35 @@ def test_a_state_of_sources_with_the_whole_budget_each_loads_as_saved(
     shared.load_state_dict(state)
     rest = shared._epochs.begin(shared._start, 0)
     assert [np.asarray(b["id"]).tolist() for b, _ in shared._reader(rest, 0).batches()] == expected
+
+
+def test_an_epoch_restarted_after_a_reweight_is_the_mixture_as_built(
+    paths: dict[str, str],
+) -> None:
+    """``set_epoch(dataset.epoch)`` after a reweight that kept some sources' shares restarts
+    the epoch under the mixture as built, its shares too: what a loader that never loaded the
+    state reads, that epoch and the next."""
+    old_names, new_names = ["s0", "s1", "s2", "s3"], ["s1", "s2", "s3", "s4", "s5"]
+    old = StructuredDataset({n: paths[n] for n in old_names}, weights=dict.fromkeys(old_names, 1),
+                            **KWARGS)  # fmt: skip
+    _, state = state_after(old, 0, 11)
+
+    def loader() -> Any:
+        return StructuredDataset.create_dataloader(
+            {n: paths[n] for n in new_names}, weights=dict.fromkeys(new_names, 1), **KWARGS
+        )
+
+    def epoch(loader: Any) -> list[int]:
+        return np.concatenate([batch["id"].numpy() for batch in loader]).tolist()
+
+    fresh, fresh_ds = loader()
+    expected = [epoch(fresh)]
+    fresh_ds.set_epoch(1)
+    expected.append(epoch(fresh))
+    reweighted, ds = loader()
+    reweighted.load_state_dict(state, reweight=True)
+    with pytest.warns(UserWarning, match="discards the checkpoint's progress in epoch 0"):
+        ds.set_epoch(0)
+    assert epoch(reweighted) == expected[0]
+    ds.set_epoch(1)
+    assert epoch(reweighted) == expected[1]

@@ -10,6 +10,8 @@ set of sources would reorder every source a ``reweight=True`` load adds or remov
 rows of the epoch in progress lost or read twice. So a source keeps the share it was given: a
 load (as saved, reweighted or elastic) under the same stream budget gives each sharing source
 the share its state records; a source the load adds takes its share of the mixture as built.
+An epoch restarted afresh after such a load (``MixedEpochs.serving``) is the mixture as built,
+its sources' shares too.
 """
 
 from __future__ import annotations
@@ -48,4 +50,7 @@ def kept_budgets(mix: MixedEpochs, state: object) -> MixedEpochs:
             changed = True
     if not changed:
         return mix
-    return replace(mix, sources=tuple(sources), _orders={}, _shares={}, _settings_states={})
+    return replace(
+        mix, sources=tuple(sources), built=mix.built or mix.sources, _orders={}, _shares={},
+        _settings_states={},
+    )  # fmt: skip
