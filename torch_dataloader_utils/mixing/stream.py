@@ -29,6 +29,8 @@ __all__ = ["MixedSource"]
 
 # Mixed positions assembled at a time (at least a batch): one scatter of every column per chunk.
 _MIX_ROWS = 65_536
+# Rows of a source's chunk, at least, in a mixed stream (each source's chunk held at once).
+_MIN_FEED_ROWS = 256
 # Chunks without a token a packed source may read in a row before it is refused.
 _MAX_EMPTY_CHUNKS = 1000
 
@@ -82,11 +84,15 @@ class MixedSource:
 
     def _chunks(self, start: Position, min_rows: int) -> Iterator[tuple[pa.RecordBatch, int]]:
         progress = self.progress
-        feeds = [
-            _Feed(self, s, int(n), min_rows, as_rows=True)
-            for s, n in enumerate(progress.counts(self.worker, start).tolist())
-        ]
         step, total = self.read_rows(min_rows), self.total
+        weights = progress.mix.timeline.schedule.weights
+        feeds = [
+            # a source's chunks about its rows of a mixed chunk: a source read 1 in 100 holds
+            # a hundredth of a chunk, not a chunk of its own
+            _Feed(self, s, int(n), 1, as_rows=True,
+                  most_rows=max(_MIN_FEED_ROWS, -(-step * weights[s] // sum(weights))))
+            for s, n in enumerate(progress.counts(self.worker, start).tolist())
+        ]  # fmt: skip
         try:
             for lo in range(start, total, step):
                 hi = min(lo + step, total)
@@ -167,10 +173,10 @@ class _Feed:
 
     def __init__(
         self, mixed: MixedSource, source: int, ordinal: int, min_rows: int,
-        *, as_rows: bool = False,
+        *, as_rows: bool = False, most_rows: int | None = None,
     ) -> None:  # fmt: skip
         self._mixed, self._source = mixed, source
-        self._min_rows, self._as_rows = min_rows, as_rows
+        self._min_rows, self._as_rows, self._most_rows = min_rows, as_rows, most_rows
         progress = mixed.progress
         self._places = progress.mix.places_from(
             source, progress.stream(mixed.worker), ordinal, progress.num_workers
@@ -185,7 +191,9 @@ class _Feed:
         self._base -= place.offset
         source = self._mixed.sources[self._source].stream(place.order)
         self._total = place.order.total
-        return source.chunks(place.offset, self._min_rows, rows=self._as_rows)
+        return source.chunks(
+            place.offset, self._min_rows, rows=self._as_rows, most_rows=self._most_rows
+        )
 
     def next_chunk(self) -> tuple[Chunk, int]:
         """The next decoded chunk, and the row (over all epochs) after its last."""
