@@ -19,7 +19,7 @@ from test_mixing import (
 )
 
 from torch_dataloader_utils import CheckpointMismatchError, Source, StructuredDataset
-from torch_dataloader_utils.mixing.state import expanded
+from torch_dataloader_utils.mixing.state import encode_mixture, expanded
 
 ROWS = 600
 BUDGET = 4 * 8192  # four sources: 8,192 bytes each, windows of ~200 of a source's 600 rows
@@ -172,3 +172,33 @@ def test_an_epoch_restarted_after_a_reweight_is_the_mixture_as_built(
     assert epoch(reweighted) == expected[0]
     ds.set_epoch(1)
     assert epoch(reweighted) == expected[1]
+
+
+def test_an_elastic_resume_after_a_reweight_keeps_the_shares(paths: dict[str, str]) -> None:
+    """Reweighted (a source added: the kept sources at a quarter, the new one at a fifth),
+    saved by two worker streams, resumed elastically by three: each source's rows of the epoch
+    once, none twice (the orders the state's places name are the kept shares')."""
+    old_names, new_names = ["s0", "s1", "s2", "s3"], ["s0", "s1", "s2", "s3", "s4"]
+    kwargs = {**KWARGS, "epoch_size": 1500}
+    old = StructuredDataset({n: paths[n] for n in old_names}, weights=dict.fromkeys(old_names, 1),
+                            **kwargs)  # fmt: skip
+    first, state = state_after(old, 2, 8)
+    mid = StructuredDataset({n: paths[n] for n in new_names}, weights=dict.fromkeys(new_names, 1),
+                            **kwargs)  # fmt: skip
+    mid.load_state_dict(state, reweight=True)
+    progress = mid._epochs.begin(mid._start, 2)
+    readers = [mid._reader(progress, w).batches() for w in range(2)]
+    for step in range(10):
+        batch, position = next(readers[step % 2])
+        first[step % 2].append(np.asarray(batch["id"]))
+        progress.record(step % 2, position, (step + 1) % 2)
+    saved = json.loads(json.dumps(encode_mixture(mid._epochs, progress)))
+    assert budgets(saved) == {**dict.fromkeys(old_names, BUDGET // 4), "s4": BUDGET // 5}
+    new = StructuredDataset({n: paths[n] for n in new_names}, weights=dict.fromkeys(new_names, 1),
+                            **kwargs)  # fmt: skip
+    new._loader_workers = 3
+    new.load_state_dict([saved], elastic=True)
+    rest = new._epochs.begin(new._start, 3)
+    later = [np.asarray(b["id"]) for w in range(3) for b, _ in new._reader(rest, w).batches()]
+    read = np.concatenate([*first[0], *first[1], *later])
+    assert len(read) == len(np.unique(read)) == 1500
