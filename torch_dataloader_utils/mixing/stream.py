@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,19 +79,26 @@ class MixedSource:
     ) -> Iterator[tuple[pa.RecordBatch, int]]:
         """Chunks of the mixed rows from ``start`` to the end of the epoch, each with the
         position after its last row (record batches, also with ``rows``); with
-        ``read_ahead``, mixed ahead in one thread: the sources are read in it one after another,
-        none in a thread of its own (each thread would keep its own freed memory)."""
-        chunks = self._chunks(start, min_rows)
+        ``read_ahead``, mixed ahead in one thread (where the shuffled sources' windows are
+        read, one after another), and, unshuffled, each source's next chunk decoded ahead in
+        one more: not a thread of each source's (each would keep its own freed memory)."""
+        chunks = self._chunks(start, min_rows, read_ahead)
         return prefetch(chunks, read_ahead) if read_ahead else chunks
 
-    def _chunks(self, start: Position, min_rows: int) -> Iterator[tuple[pa.RecordBatch, int]]:
+    def _chunks(
+        self, start: Position, min_rows: int, read_ahead: int
+    ) -> Iterator[tuple[pa.RecordBatch, int]]:
         progress = self.progress
         step, total = self.read_rows(min_rows), self.total
         weights = progress.mix.timeline.schedule.weights
+        # sources read in order decode their next chunks in one thread; a shuffled one reads
+        # its window when its rows are due (read early, a window would hold up the others')
+        shuffled = progress.mix.config.shuffle
+        reader = ThreadPoolExecutor(1, "tdu-mix-read") if read_ahead and not shuffled else None
         feeds = [
             # a source's chunks about its rows of a mixed chunk: a source read 1 in 100 holds
             # a hundredth of a chunk, not a chunk of its own
-            _Feed(self, s, int(n), 1, as_rows=True,
+            _Feed(self, s, int(n), 1, as_rows=True, reader=reader,
                   most_rows=max(_MIN_FEED_ROWS, -(-step * weights[s] // sum(weights))))
             for s, n in enumerate(progress.counts(self.worker, start).tolist())
         ]  # fmt: skip
@@ -103,6 +112,8 @@ class MixedSource:
         finally:
             for feed in feeds:
                 feed.close()
+            if reader is not None:
+                reader.shutdown()
 
     def packed(
         self,
@@ -174,9 +185,12 @@ class _Feed:
     def __init__(
         self, mixed: MixedSource, source: int, ordinal: int, min_rows: int,
         *, as_rows: bool = False, most_rows: int | None = None,
+        reader: ThreadPoolExecutor | None = None,
     ) -> None:  # fmt: skip
         self._mixed, self._source = mixed, source
         self._min_rows, self._as_rows, self._most_rows = min_rows, as_rows, most_rows
+        self._reader = reader
+        self._ahead: futures.Future[tuple[Chunk, int]] | None = None  # read in ``reader``
         progress = mixed.progress
         self._places = progress.mix.places_from(
             source, progress.stream(mixed.worker), ordinal, progress.num_workers
@@ -196,7 +210,18 @@ class _Feed:
         )
 
     def next_chunk(self) -> tuple[Chunk, int]:
-        """The next decoded chunk, and the row (over all epochs) after its last."""
+        """The next decoded chunk, and the row (over all epochs) after its last; with a
+        ``reader``, the one after it is read there meanwhile (one thread reads ahead for every
+        source of the stream)."""
+        if self._reader is None:
+            return self._read_chunk()
+        ahead = self._ahead or self._reader.submit(self._read_chunk)
+        self._ahead = None
+        chunk = ahead.result()
+        self._ahead = self._reader.submit(self._read_chunk)
+        return chunk
+
+    def _read_chunk(self) -> tuple[Chunk, int]:
         while True:
             chunk = next(self._chunks, None)
             if chunk is not None:
@@ -225,6 +250,8 @@ class _Feed:
         return out
 
     def close(self) -> None:
+        if self._ahead is not None and not self._ahead.cancel():
+            futures.wait([self._ahead])  # not closed while its generator runs
         self._chunks.close()  # type: ignore[attr-defined]
 
 
