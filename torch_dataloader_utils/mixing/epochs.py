@@ -343,8 +343,9 @@ class MixedEpochs:
             order = epochs.order(plan, stream)
             # every stream of this process in two epochs of each source: a state names them all
             kept = max(_KEPT_ORDERS, 2 * max(1, num_workers) * len(self.sources))
-            if len(self._orders) >= kept:
-                del self._orders[next(iter(self._orders))]
+            if len(self._orders) >= kept:  # the oldest, named in one step: a state_dict()
+                # may be here while the stream is read ahead in a thread of its own
+                self._orders.pop(next(iter(self._orders.copy())), None)
             self._orders[key] = order
         return order
 
