@@ -5,20 +5,24 @@ int64, ``x`` float64, ``y`` float32; one row group a file): 20 sources of 5 file
 rows each, 100 sources of 10 files and 20,000 rows each, and (``--thousand``) 1,000 sources of
 one file of 1,000 rows. The mixture weighs each source 1 (equal sizes: an epoch reads every row
 about once); the baseline is ONE dataset over all the files. Both shuffled with
-``shuffle_memory_bytes`` 16 MiB (a mixture: per source, as the library documents), batch 1024.
+``shuffle_memory_bytes`` 16 MiB (a mixture's sources share it), batch 1024.
 
 Each contender x ``num_workers`` (0, 2) runs in a subprocess of its own, so peaks don't mix:
 
 1. **peak RSS over start**: ``VmHWM`` after 30 batches less the RSS before the loader was
    made (main process), plus, with workers, each worker's ``VmHWM`` less its RSS when it
-   started (``worker_init_fn``);
+   started (``worker_init_fn``); and **over an epoch**, the same at the end of the epoch
+   (a stream's windows, read-ahead and the files' parsed footers, all of them by then);
 2. **state**: JSON bytes of ``loader.state_dict()``, and the median cost of one call made
    after each of those 30 batches (the snapshot a trainer takes every step);
 3. **first batch**: seconds from ``iter()`` to the first batch of a fresh epoch (workers
    start inside it), and of a fresh loader after ``load_state_dict`` of the state at batch
    30, whose first batch is checked against the uninterrupted run's 31st.
 
-Each figure is printed beside the baseline's from the same run, as a ratio.
+Each figure is printed beside the baseline's from the same run, as a ratio. The run fails
+(exit status 1, after the report) where a mixture's peak RSS (over start or an epoch) is
+over ``PEAK_BOUND`` x the one dataset's (issue 32: one budget for a stream, whatever the
+number of sources).
 
     python benchmarks/bench_mixture_scale.py [--quick] [--thousand] [--json out.json]
 """
@@ -52,6 +56,7 @@ BATCH, BATCHES, MEMORY = 1024, 30, 16 * 2**20
 # sources, files per source, rows per source (full; --quick divides the rows by 4)
 CASES = {"20": (20, 5, 200_000), "100": (100, 10, 20_000), "1000": (1000, 1, 1_000)}
 CONTENDERS = ("mixture", "one dataset")
+PEAK_BOUND = 1.25  # a mixture's peak RSS over start, at most this x one dataset's
 
 
 def sources_of(root: Path, case: str, quick: bool) -> dict[str, list[str]]:
@@ -113,6 +118,11 @@ def _measured(
     main_peak = status_kib(os.getpid(), "VmHWM") * 1024
     started = {pid: int(starts.joinpath(str(pid)).read_text()) for pid in peaks}
     peak = main_peak - before + sum(p - started[pid] for pid, p in peaks.items())
+    for number, _ in enumerate(it):  # the rest of the epoch
+        if number % BATCHES == 0:
+            peaks |= {pid: status_kib(pid, "VmHWM") * 1024 for pid in forked_children()}
+    main_peak = status_kib(os.getpid(), "VmHWM") * 1024
+    epoch_peak = main_peak - before + sum(p - started[pid] for pid, p in peaks.items())
     del it
     resumed_loader = make_loader(sources, contender, workers, starts)
     resumed_loader.load_state_dict(state)
@@ -124,13 +134,14 @@ def _measured(
             f"{len(sources)} sources, {contender}, {workers} workers: the resumed batch differs"
         )
     return {
-        "peak_rss": peak, "state_json": len(json.dumps(state)),
+        "peak_rss": peak, "epoch_peak_rss": epoch_peak, "state_json": len(json.dumps(state)),
         "state_dict_s": statistics.median(costs), "first_s": first, "resumed_s": resumed,
     }  # fmt: skip
 
 
 FIGURES = (
     ("peak_rss", "peak RSS over start", lambda v: f"{v / 2**20:8.1f} MiB"),
+    ("epoch_peak_rss", "peak RSS over an epoch", lambda v: f"{v / 2**20:8.1f} MiB"),
     ("state_json", "state (JSON)", lambda v: f"{v / 1024:8.1f} KiB"),
     ("state_dict_s", "state_dict()", lambda v: f"{v * 1e3:8.3f} ms"),
     ("first_s", "first batch, fresh", lambda v: f"{v * 1e3:8.0f} ms"),
@@ -173,6 +184,15 @@ def main() -> None:
                 print(f"  {label:22} {show(mixed)} | {show(one)} | {mixed / max(one, 1e-12):6.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
+    over = [
+        f"{row['sources']} sources, {row['workers']} workers, {label}: "
+        f"{row['mixture'][key] / row['one dataset'][key]:.2f}"
+        for row in report
+        for key, label in (("peak_rss", "over start"), ("epoch_peak_rss", "over an epoch"))
+        if row["mixture"][key] > PEAK_BOUND * row["one dataset"][key]
+    ]
+    if over:
+        sys.exit(f"peak RSS of a mixture over {PEAK_BOUND} x one dataset's: {'; '.join(over)}")
 
 
 if __name__ == "__main__":

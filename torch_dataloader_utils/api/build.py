@@ -179,6 +179,7 @@ def _mixture(
         world_size=world.world_size,
         even_batches=even_batches,
         source_column=source_column,
+        sharing=tuple(spec.shares_budget for spec in specs),
     )
     return mix, tuple(files)
 

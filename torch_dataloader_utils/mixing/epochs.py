@@ -208,6 +208,11 @@ class MixedEpochs:
     even_batches: bool
     source_column: str | None
     rests: tuple[SourceRest, ...] = ()  # per source, after an elastic resume
+    # per source: whether it shuffles within a share of ``config.shuffle_memory_bytes``
+    # (``mixing.budget``), not a budget of its own
+    sharing: tuple[bool, ...] = ()
+    # the sources as built, when a loaded state gave some the budgets it records
+    built: tuple[Epochs, ...] = ()
     _orders: dict[tuple[int, int, int, int], StreamOrder] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -338,8 +343,9 @@ class MixedEpochs:
             order = epochs.order(plan, stream)
             # every stream of this process in two epochs of each source: a state names them all
             kept = max(_KEPT_ORDERS, 2 * max(1, num_workers) * len(self.sources))
-            if len(self._orders) >= kept:
-                del self._orders[next(iter(self._orders))]
+            if len(self._orders) >= kept:  # the oldest, named in one step: a state_dict()
+                # may be here while the stream is read ahead in a thread of its own
+                self._orders.pop(next(iter(self._orders.copy())), None)
             self._orders[key] = order
         return order
 
@@ -365,10 +371,14 @@ class MixedEpochs:
         """The mixture an iteration from ``start`` reads: this one, or, for an epoch begun
         afresh that its timeline does not run from its first position (a loaded state's
         epoch, which it changed or re-dealt mid-way, or an earlier one), the mixture as
-        built: the epoch afresh, as one dataset's ``set_epoch`` after a load."""
+        built (its sources' budgets too): the epoch afresh, as one dataset's ``set_epoch``
+        after a load."""
         if not start.is_fresh or self.timeline.begins(start.epoch):
             return self
-        return self.following(replace(self.timeline, segment=Segment()), ())
+        served = self.following(replace(self.timeline, segment=Segment()), ())
+        if not self.built:
+            return served
+        return replace(served, sources=self.built, built=(), _settings_states={})
 
     def begin(
         self, start: Start, num_workers: int, workers: Iterable[int] | None = None

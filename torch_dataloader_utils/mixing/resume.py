@@ -12,6 +12,7 @@ from typing import Any
 
 from ..base.errors import CheckpointMismatchError, InvalidStateError
 from ..planning.epochs import Start
+from .budget import kept_budgets
 from .continuation import continued, dealt_anew
 from .epochs import MixedEpochs
 from .locate import located, located_job
@@ -26,6 +27,7 @@ def load_mixture(
     """Where ``state`` continues, and the mixture to continue it with: ``mix`` under the
     state's segment, or (``reweight``, weights or sources changed) a segment starting there."""
     with _inconsistent():
+        mix = kept_budgets(mix, state)
         read = read_state(mix, state, num_workers)
         return continued(mix, read, located(read), reweight=reweight)
 
@@ -39,6 +41,7 @@ def load_mixture_elastic(
     afresh; the rest of the mixture epoch's positions dealt to the new streams, whose schedule
     starts there."""
     with _inconsistent():
+        mix = kept_budgets(mix, states[0]) if states else mix
         old, read = read_job(mix, states)
         return dealt_anew(mix, old, read, located_job(read), num_workers)
 

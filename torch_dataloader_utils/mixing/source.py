@@ -19,6 +19,7 @@ from ..base.args import (
 from ..base.errors import SchemaMismatchError
 from ..formats import get_format
 from ..index.schema import column_differences
+from ..planning.config import MIN_SHUFFLE_MEMORY_BYTES
 from ..planning.tokens import PACKED_KEYS
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "check_policies",
     "check_schemas",
     "mixture_sources",
+    "source_budget",
     "source_column_name",
 ]
 
@@ -48,8 +50,9 @@ class Source:
     epochs of it, and then ``when_exhausted="renormalize"`` lets the other sources go on under
     their own weights, ``"stop"`` ends the stream.
 
-    Each source shuffles in windows of its own: a stream of a mixture holds up to the sum of
-    its sources' ``shuffle_memory_bytes`` (``docs/mixing.md``).
+    Each source shuffles in windows of its own: those without their own
+    ``shuffle_memory_bytes`` share the mixture's equally (``source_budget``), so a stream holds
+    up to the mixture's budget and the sources' own (``docs/mixing.md``).
 
     ``text_column`` names the source's text column when the mixture tokenizes
     (``tokenize=Tokenize(...)``) and the source's differs from ``Tokenize.column``.
@@ -79,6 +82,7 @@ class SourceSpec:
     max_epochs: int | None
     stops: bool
     text_column: str | None = None
+    shares_budget: bool = True  # a share of the mixture's ``shuffle_memory_bytes``, not its own
 
 
 def mixture_sources(
@@ -105,12 +109,14 @@ def mixture_sources(
             f"give one weight per source (missing {[n for n in names if n not in weights]}, "
             f"unknown {[n for n in weights if n not in paths]})"
         )
+    given = {n: p if isinstance(p, Source) else Source(path=p) for n, p in paths.items()}
+    sharing = sum(source.shuffle_memory_bytes is None for source in given.values())
+    share = source_budget(shuffle_memory_bytes, sharing)
     specs = []
     for name in names:
         if not isinstance(name, str) or not name:
             raise TypeError(f"source names must be non-empty strings, got {name!r}")
-        given = paths[name]
-        source = given if isinstance(given, Source) else Source(path=given)
+        source = given[name]
         specs.append(
             SourceSpec(
                 name=name,
@@ -125,7 +131,7 @@ def mixture_sources(
                 split_bytes=split_bytes
                 if source.split_bytes is None
                 else whole(f"split_bytes of source {name!r}", source.split_bytes, at_least=1),
-                memory_bytes=shuffle_memory_bytes
+                memory_bytes=share
                 if source.shuffle_memory_bytes is None
                 else whole(
                     f"shuffle_memory_bytes of source {name!r}",
@@ -137,9 +143,16 @@ def mixture_sources(
                 ),
                 stops=_stops(name, source.when_exhausted),
                 text_column=optional_name(f"text_column of source {name!r}", source.text_column),
+                shares_budget=source.shuffle_memory_bytes is None,
             )
         )
     return tuple(specs)
+
+
+def source_budget(budget: int, sharing: int) -> int:
+    """The shuffle memory of each of ``sharing`` sources that share a stream's ``budget``: an
+    equal part, at least the minimum (``MIN_SHUFFLE_MEMORY_BYTES``)."""
+    return max(MIN_SHUFFLE_MEMORY_BYTES, budget // max(1, sharing))
 
 
 def _format(name: str, format: object) -> str:

@@ -8,6 +8,8 @@ A mixture's state is plain JSON-safe builtins::
     _mixture     {"weights": {name: int}, "epoch_size": int,
                   "policies": {name: [max_epochs, "stop" | "renormalize"]} (limited sources),
                   "schedule_block": int (0: the period in order), "schedule_seed": int,
+                  "shuffle_memory_bytes": int (the stream's budget its sources share; a
+                  state without it: each source had the whole budget),
                   "segment": [epoch, [position per worker], {name: [rows read per worker]},
                               [positions of that epoch per worker]: an elastic resume's
                               rest, or the epoch in progress when the mixture changed
@@ -89,6 +91,7 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
             "policies": mix.timeline.policies,
             "schedule_block": mix.timeline.schedule.block,
             "schedule_seed": mix.timeline.schedule.seed,
+            "shuffle_memory_bytes": mix.config.shuffle_memory_bytes,
             "segment": [
                 segment.epoch,
                 list(segment.positions),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,7 @@ from ..reading.bestfit import (
     left_out,
 )
 from ..reading.packing import Columns, Pending, documents, named_companions, packed_batch
+from ..reading.prefetch import prefetch
 from ..reading.runs import Chunk
 from ..reading.stream import SourceFiles, chunk_rows
 from ..reading.window import Rows, gather
@@ -34,6 +37,8 @@ __all__ = ["MixedSource"]
 
 # Mixed positions assembled at a time (at least a batch): one scatter of every column per chunk.
 _MIX_ROWS = 65_536
+# Rows of a source's chunk, at least, in a mixed stream (each source's chunk held at once).
+_MIN_FEED_ROWS = 256
 # Chunks without a token a packed source may read in a row before it is refused.
 _MAX_EMPTY_CHUNKS = 1000
 
@@ -79,13 +84,30 @@ class MixedSource:
         self, start: Position, min_rows: int, read_ahead: int = 0, *, rows: bool = False
     ) -> Iterator[tuple[pa.RecordBatch, int]]:
         """Chunks of the mixed rows from ``start`` to the end of the epoch, each with the
-        position after its last row (record batches, also with ``rows``)."""
+        position after its last row (record batches, also with ``rows``); with
+        ``read_ahead``, mixed ahead in one thread (where the shuffled sources' windows are
+        read, one after another), and, unshuffled, each source's next chunk decoded ahead in
+        one more: not a thread of each source's (each would keep its own freed memory)."""
+        chunks = self._chunks(start, min_rows, read_ahead)
+        return prefetch(chunks, read_ahead) if read_ahead else chunks
+
+    def _chunks(
+        self, start: Position, min_rows: int, read_ahead: int
+    ) -> Iterator[tuple[pa.RecordBatch, int]]:
         progress = self.progress
-        feeds = [
-            _Feed(self, s, int(n), min_rows, read_ahead, as_rows=True)
-            for s, n in enumerate(progress.counts(self.worker, start).tolist())
-        ]
         step, total = self.read_rows(min_rows), self.total
+        weights = progress.mix.timeline.schedule.weights
+        # sources read in order decode their next chunks in one thread; a shuffled one reads
+        # its window when its rows are due (read early, a window would hold up the others')
+        shuffled = progress.mix.config.shuffle
+        reader = ThreadPoolExecutor(1, "tdu-mix-read") if read_ahead and not shuffled else None
+        feeds = [
+            # a source's chunks about its rows of a mixed chunk: a source read 1 in 100 holds
+            # a hundredth of a chunk, not a chunk of its own
+            _Feed(self, s, int(n), 1, as_rows=True, reader=reader,
+                  most_rows=max(_MIN_FEED_ROWS, -(-step * weights[s] // sum(weights))))
+            for s, n in enumerate(progress.counts(self.worker, start).tolist())
+        ]  # fmt: skip
         try:
             for lo in range(start, total, step):
                 hi = min(lo + step, total)
@@ -96,6 +118,8 @@ class MixedSource:
         finally:
             for feed in feeds:
                 feed.close()
+            if reader is not None:
+                reader.shutdown()
 
     def packed(
         self,
@@ -111,7 +135,15 @@ class MixedSource:
         """Batches of ``batch_size`` sequences from ``start`` to the end of the epoch: each
         source packs its own documents, and the schedule deals the sequences. ``skips`` is
         for one dataset's stream: a mixture's packers know their own cut documents (``start``
-        and the elastic deals of ``MixedEpochs.skips``)."""
+        and the elastic deals of ``MixedEpochs.skips``); with ``read_ahead``, packed ahead in
+        one thread, as ``chunks``."""
+        batches = self._packed(packing, start, batch_size, drop_last, position_ids)
+        return prefetch(batches, read_ahead) if read_ahead else batches
+
+    def _packed(
+        self, packing: TokenPacking, start: Position, batch_size: int, drop_last: bool,
+        position_ids: object,
+    ) -> Iterator[tuple[dict[str, Any], Position]]:  # fmt: skip
         progress = self.progress
         assert isinstance(start, MixPosition)
         packers: list[_Packer | _WholePacker] = []
@@ -119,13 +151,13 @@ class MixedSource:
         for s, (row, tokens) in enumerate(start.sources):
             describe = functools.partial(self._describe_row, s)
             if packing.whole_documents:  # windows end with each epoch of the source
-                feed = _Feed(self, s, row, 1, read_ahead, whole=packing)
+                feed = _Feed(self, s, row, 1, whole=packing)
                 docs = _feed_documents(feed, packing, describe)
                 whole = WholeDocuments(docs, packing, TokenPosition(row, tokens), describe,
                                        functools.partial(self._epoch_end, s))  # fmt: skip
                 packers.append(_WholePacker(feed, whole))
                 continue
-            feed = _Feed(self, s, row, 1, read_ahead)
+            feed = _Feed(self, s, row, 1)
             cut = {r: t for r, t in progress.mix.skips(s, stream, workers).items() if r >= row}
             if tokens:
                 cut[row] = tokens
@@ -184,11 +216,14 @@ class _Feed:
     the current epoch an earlier deal delivered (``reading.bestfit.delivered_before``)."""
 
     def __init__(
-        self, mixed: MixedSource, source: int, ordinal: int, min_rows: int, read_ahead: int,
-        *, as_rows: bool = False, whole: TokenPacking | None = None,
+        self, mixed: MixedSource, source: int, ordinal: int, min_rows: int,
+        *, as_rows: bool = False, most_rows: int | None = None,
+        reader: ThreadPoolExecutor | None = None, whole: TokenPacking | None = None,
     ) -> None:  # fmt: skip
         self._mixed, self._source = mixed, source
-        self._min_rows, self._read_ahead, self._as_rows = min_rows, read_ahead, as_rows
+        self._min_rows, self._as_rows, self._most_rows = min_rows, as_rows, most_rows
+        self._reader = reader
+        self._ahead: futures.Future[tuple[Chunk, int]] | None = None  # read in ``reader``
         self._whole = whole
         self.delivered: IntArray = np.empty(0, dtype=np.int64)
         progress = mixed.progress
@@ -207,10 +242,23 @@ class _Feed:
         self._total = place.order.total
         if self._whole is not None:
             self.delivered = self._base + delivered_before(source, self._whole)
-        return source.chunks(place.offset, self._min_rows, self._read_ahead, rows=self._as_rows)
+        return source.chunks(
+            place.offset, self._min_rows, rows=self._as_rows, most_rows=self._most_rows
+        )
 
     def next_chunk(self) -> tuple[Chunk, int]:
-        """The next decoded chunk, and the row (over all epochs) after its last."""
+        """The next decoded chunk, and the row (over all epochs) after its last; with a
+        ``reader``, the one after it is read there meanwhile (one thread reads ahead for every
+        source of the stream)."""
+        if self._reader is None:
+            return self._read_chunk()
+        ahead = self._ahead or self._reader.submit(self._read_chunk)
+        self._ahead = None
+        chunk = ahead.result()
+        self._ahead = self._reader.submit(self._read_chunk)
+        return chunk
+
+    def _read_chunk(self) -> tuple[Chunk, int]:
         while True:
             chunk = next(self._chunks, None)
             if chunk is not None:
@@ -239,6 +287,8 @@ class _Feed:
         return out
 
     def close(self) -> None:
+        if self._ahead is not None and not self._ahead.cancel():
+            futures.wait([self._ahead])  # not closed while its generator runs
         self._chunks.close()  # type: ignore[attr-defined]
 
 

@@ -18,6 +18,7 @@ from .tokens import TokenPacking
 __all__ = [
     "DEFAULT_SHUFFLE_MEMORY_BYTES",
     "DEFAULT_SPLIT_BYTES",
+    "MIN_SHUFFLE_MEMORY_BYTES",
     "DatasetConfig",
 ]
 
@@ -27,7 +28,7 @@ OUTPUTS = ("torch", "numpy", "arrow")
 # The decoded rows a shuffled stream may hold: its window and the next one being read.
 DEFAULT_SHUFFLE_MEMORY_BYTES = 256 * 2**20
 # Below this a window holds a handful of rows: surely a unit mistaken (bytes, not MiB).
-_MIN_SHUFFLE_MEMORY_BYTES = 4096
+MIN_SHUFFLE_MEMORY_BYTES = 4096
 # A window's permutation is 32-bit integer arithmetic.
 _MAX_WINDOW_ROWS = 2**31
 
@@ -149,10 +150,10 @@ class DatasetConfig:
         return int(min(max(1, rows), _MAX_WINDOW_ROWS))
 
     def _check_shuffle_knobs(self) -> None:
-        if self.shuffle_memory_bytes < _MIN_SHUFFLE_MEMORY_BYTES:
+        if self.shuffle_memory_bytes < MIN_SHUFFLE_MEMORY_BYTES:
             raise ValueError(
                 f"shuffle_memory_bytes={self.shuffle_memory_bytes} is below the minimum of "
-                f"{_MIN_SHUFFLE_MEMORY_BYTES} bytes per stream (the default is 256 MiB)"
+                f"{MIN_SHUFFLE_MEMORY_BYTES} bytes per stream (the default is 256 MiB)"
             )
 
     @staticmethod

@@ -114,13 +114,23 @@ class StreamSource:
         return self.order.describe_at(position)
 
     def chunks(
-        self, start: Position, min_rows: int, read_ahead: int = 0, *, rows: bool = False
+        self,
+        start: Position,
+        min_rows: int,
+        read_ahead: int = 0,
+        *,
+        rows: bool = False,
+        most_rows: int | None = None,
     ) -> Iterator[tuple[Chunk, int]]:
         """Decoded chunks of at least ``min_rows`` rows from ``start``, each with the position
         after its last row; with ``read_ahead`` > 0 decoded ahead in a thread (shuffled: the
         next window read while this one is handed out). Record batches; with ``rows``,
-        shuffled rows as ``Rows``, for a caller that copies them anyway."""
-        chunks = _chunks(self, start, self.read_rows(min_rows), read_ahead)
+        shuffled rows as ``Rows``, for a caller that copies them anyway. ``most_rows`` caps a
+        chunk (else about ``_READ_BYTES``), for a caller that holds many streams' chunks."""
+        read_rows = self.read_rows(min_rows)
+        if most_rows is not None:
+            read_rows = max(min_rows, min(read_rows, most_rows))
+        chunks = _chunks(self, start, read_rows, read_ahead)
         if self.tokenize is not None:
             chunks = self._tokenized(_batches(chunks), self.tokenize)
         if read_ahead and self.order.shuffled is None:
