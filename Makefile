@@ -64,6 +64,11 @@ bench: $(BENCH_STAMP)
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_stall.py --plot bench_output/stall.png
 	$(PY) benchmarks/bench_stats.py --json bench_output/stats.json
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_text.py --json bench_output/text.json
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_chat.py --json bench_output/chat.json
+	$(PY) benchmarks/bench_packing_waste.py
+	$(PY) benchmarks/bench_mixture_quality.py
+	# last: it exits 1 while a mixture's peak memory is over its bound (issue 32)
+	$(PY) benchmarks/bench_mixture_scale.py --json bench_output/mixture_scale.json
 
 DOCS_STAMP := $(VENV)/.installed-docs
 
