@@ -74,8 +74,13 @@ class TinyLM(nn.Module):
 
 
 def loss_of(model: TinyLM, batch: dict[str, Any]) -> torch.Tensor:
+    """Next-token cross-entropy; with ``labels`` (fine-tuning) over the tokens whose label is
+    not -100 (the assistant's; padding is -100), a document's first token never predicted."""
     ids, positions = batch["input_ids"], batch["position_ids"]
     logits = model(ids, positions)[:, :-1]
+    if "labels" in batch:  # shifted as usual: position i predicts label i + 1
+        labels = batch["labels"][:, 1:].masked_fill(positions[:, 1:] == 0, -100)
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
     targets = ids[:, 1:].long()
     # predict within a document part only, and never a padding token
     real = torch.arange(ids.numel()).view_as(ids)[:, 1:] < batch["num_tokens"]
@@ -83,13 +88,19 @@ def loss_of(model: TinyLM, batch: dict[str, Any]) -> torch.Tensor:
     return F.cross_entropy(logits[keep], targets[keep])
 
 
+def real_tokens(batch: dict[str, Any]) -> torch.Tensor:
+    """The tokens of a batch packed by concatenation (its padding is at its end)."""
+    return batch["input_ids"].flatten()[: batch["num_tokens"]].clone()
+
+
 def train(
     make_loader: Callable[[], tuple[Any, StructuredDataset]], workdir: Path, *, vocab: int = VOCAB,
     steps: int | None, every: int, resume: bool,
+    record: Callable[[dict[str, Any]], torch.Tensor] = real_tokens,
 ) -> tuple[nn.Module, list[torch.Tensor]]:  # fmt: skip
     """Train from scratch or from the last checkpoint for ``steps`` (None: to the epoch's end)
-    on a loader ``make_loader()`` builds; returns the model and the real tokens of every batch
-    trained on."""
+    on a loader ``make_loader()`` builds; returns the model and ``record(batch)`` of every
+    batch trained on."""
     torch.manual_seed(0)
     model = TinyLM(vocab=vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -107,7 +118,7 @@ def train(
         optimizer.zero_grad()
         loss_of(model, batch).backward()
         optimizer.step()
-        seen.append(batch["input_ids"].flatten()[: batch["num_tokens"]].clone())
+        seen.append(record(batch))
         step += 1
         if step % every == 0:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
