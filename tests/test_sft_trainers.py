@@ -10,6 +10,8 @@ exactly the assistant's tokens of transformers' ``apply_chat_template(...,
 return_assistant_tokens_mask=True)``, every conversation once and whole; and that a run
 crashed after a mid-epoch checkpoint and resumed in a new trainer, model and loader trains on
 the uninterrupted run's batches (``input_ids``, ``labels``, ``position_ids``) from there.
+A transformers causal LM takes the packed batch as it is: attention within each conversation
+from the ``position_ids``, its own loss over the labels.
 """
 
 from __future__ import annotations
@@ -278,3 +280,33 @@ def test_lightning_trains_on_the_assistants_tokens(
     resumed = ChatModule(chats, tokenizer)
     trainer(tmp_path / "ckpt").fit(resumed, ckpt_path="last")
     assert_resumed_exactly(full.model.steps, crashed.model.steps, resumed.model.steps)
+
+
+def test_a_transformers_causal_lm_takes_the_packed_batch_as_it_is(
+    chats: Path, tokenizer: Any
+) -> None:
+    """``model(**batch)`` on a transformers causal LM (a 1-layer Llama, SDPA): it masks
+    attention within each conversation from the ``position_ids`` (each part's logits are the
+    conversation's alone; without them, they are not) and its loss is ``by_hand``'s."""
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=SEQ_LEN,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    batches = list(loader_of(chats, tokenizer, 0))
+    assert any(b["num_tokens"] < b["input_ids"].numel() for b in batches)  # padding too
+    for batch in batches[:3] + batches[-1:]:
+        with torch.no_grad():
+            out = model(**batch, use_cache=False)
+            mixed = model(input_ids=batch["input_ids"], use_cache=False).logits.flatten(0, 1)
+        step = {"logits": out.logits, "labels": batch["labels"]}
+        torch.testing.assert_close(out.loss, by_hand(step).float())
+        logits, ids = out.logits.flatten(0, 1), batch["input_ids"].flatten()
+        differs = 0
+        for start, end in itertools.pairwise(batch["cu_seqlens"].tolist()):
+            with torch.no_grad():
+                alone = model(input_ids=ids[None, start:end], use_cache=False).logits[0]
+            torch.testing.assert_close(logits[start:end], alone, atol=1e-5, rtol=1e-5)
+            differs += not torch.allclose(mixed[start:end], alone, atol=1e-5)
+        assert differs > 0  # attention across conversations, without position_ids
