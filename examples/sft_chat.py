@@ -26,9 +26,7 @@ labels intact. A resume under another template is refused.
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from train_tiny_lm import train
+from train_tiny_lm import crash_and_resume, run_args
 
 from torch_dataloader_utils import (
     CheckpointMismatchError,
@@ -110,7 +108,7 @@ def loader_of(data: Path, tokenize: Tokenize, num_workers: int) -> tuple[Any, St
     )  # fmt: skip
 
 
-def trained_on(batch: dict[str, Any]) -> torch.Tensor:
+def batch_of(batch: dict[str, Any]) -> torch.Tensor:
     """What a step trains on: input_ids, labels and position_ids, (3, SEQUENCES, SEQ_LEN)."""
     return torch.stack([batch["input_ids"].long(), batch["labels"], batch["position_ids"].long()])
 
@@ -128,12 +126,7 @@ def conversations_in(batches: list[torch.Tensor]) -> list[tuple[tuple[int, ...],
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.mkdtemp()))
-    parser.add_argument("--num-workers", type=int, default=0)
-    parser.add_argument("--every", type=int, default=8, help="checkpoint every N steps")
-    parser.add_argument("--crash-at", type=int, default=13)
-    args = parser.parse_args()
+    args = run_args(__doc__, every=8, crash_at=13)
     data = args.workdir / "data"
     chats = write_chats(data)
     tokenizer = train_tokenizer(chats)
@@ -142,17 +135,10 @@ def main() -> None:
     def make_loader() -> tuple[Any, StructuredDataset]:
         return loader_of(data, tokenize, args.num_workers)
 
-    options: dict[str, Any] = {"vocab": VOCAB, "every": args.every, "record": trained_on}
-    reference, uninterrupted = train(make_loader, args.workdir, steps=None, resume=False,
-                                     **options)  # fmt: skip
-    _, before = train(make_loader, args.workdir, steps=args.crash_at, resume=False, **options)
-    resumed, after = train(make_loader, args.workdir, steps=None, resume=True, **options)
-
-    saved = args.crash_at // args.every * args.every
-    assert len(saved_part := uninterrupted[saved:]) == len(after)
-    assert all(torch.equal(a, b) for a, b in zip(saved_part, after, strict=True))
-    weights = zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True)
-    assert all(torch.equal(a, b) for a, b in weights)
+    uninterrupted, trained_on, saved = crash_and_resume(
+        make_loader, args.workdir, every=args.every, crash_at=args.crash_at, vocab=VOCAB,
+        record=batch_of,
+    )  # fmt: skip
     # every conversation once and whole: its tokens and labels as the loader gives them unpacked
     unpacked, _ = StructuredDataset.create_dataloader(
         str(data), batch_size=50, tokenize=tokenize, columns=["input_ids", "labels"]
@@ -163,7 +149,7 @@ def main() -> None:
         for ids, labels in zip(batch["input_ids"].unbind(), batch["labels"].unbind(), strict=True)
     )
     assert len(expected) == len(chats)
-    assert conversations_in(before[:saved] + after) == expected, "each conversation once, whole"
+    assert conversations_in(trained_on) == expected, "each conversation once, whole"
     trained = torch.cat(uninterrupted, dim=1)
     tokens = int((trained[0] != 0).sum())
     learned = int((trained[1] != -100).sum())
@@ -179,8 +165,9 @@ def main() -> None:
         f"sft_chat: {len(chats)} conversations, {len(uninterrupted)} steps of {SEQUENCES} x "
         f"{SEQ_LEN} tokens, {tokens} tokens ({trained[0].numel() - tokens} padding), "
         f"{learned} of them the assistant's (the loss's); crashed at step {args.crash_at}, "
-        f"resumed from step {saved}: the same {len(after)} batches (input_ids and labels), the "
-        f"same weights, every conversation once and whole; another template refused"
+        f"resumed from step {saved}: the same {len(uninterrupted) - saved} batches (input_ids "
+        f"and labels), the same weights, every conversation once and whole; another template "
+        f"refused"
     )
 
 
