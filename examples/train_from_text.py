@@ -21,8 +21,6 @@ then EOS) was trained on once. A resume under another tokenizer is refused.
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from train_tiny_lm import train
+from train_tiny_lm import crash_and_resume, run_args
 
 from torch_dataloader_utils import (
     CheckpointMismatchError,
@@ -82,12 +80,7 @@ def loader_of(data: Path, tokenize: Tokenize, num_workers: int) -> tuple[Any, St
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.mkdtemp()))
-    parser.add_argument("--num-workers", type=int, default=0)
-    parser.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
-    parser.add_argument("--crash-at", type=int, default=17)
-    args = parser.parse_args()
+    args = run_args(__doc__, every=10, crash_at=17)
     data = args.workdir / "data"
     texts = write_texts(data)
     tokenizer = train_tokenizer(texts)
@@ -97,20 +90,12 @@ def main() -> None:
     def make_loader() -> tuple[Any, StructuredDataset]:
         return loader_of(data, tokenize, args.num_workers)
 
-    options = {"vocab": VOCAB, "every": args.every}
-    reference, uninterrupted = train(make_loader, args.workdir, steps=None, resume=False,
-                                     **options)  # fmt: skip
-    _, before = train(make_loader, args.workdir, steps=args.crash_at, resume=False, **options)
-    resumed, after = train(make_loader, args.workdir, steps=None, resume=True, **options)
-
-    saved = args.crash_at // args.every * args.every
-    assert len(saved_part := uninterrupted[saved:]) == len(after)
-    assert all(torch.equal(a, b) for a, b in zip(saved_part, after, strict=True))
-    weights = zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True)
-    assert all(torch.equal(a, b) for a, b in weights)
+    uninterrupted, trained_on, saved = crash_and_resume(
+        make_loader, args.workdir, every=args.every, crash_at=args.crash_at, vocab=VOCAB
+    )
     alone = [[*tokenizer.encode(t, add_special_tokens=False).ids, eos] for t in texts]
     expected = Counter(token for ids in alone for token in ids)
-    trained = Counter(torch.cat(before[:saved] + after).tolist())
+    trained = Counter(torch.cat(trained_on).tolist())
     assert trained == expected, "every token of every text, once"
     other = Tokenize("text", train_tokenizer(texts[:30]), eos_id=eos)  # another vocabulary
     try:
@@ -122,8 +107,8 @@ def main() -> None:
     print(
         f"train_from_text: {len(texts)} texts, {len(uninterrupted)} steps of {SEQUENCES} x "
         f"{SEQ_LEN} tokens; crashed at step {args.crash_at}, resumed from step {saved}: the "
-        f"same {len(after)} batches, the same weights, {expected.total()} tokens each trained "
-        f"on once; another tokenizer refused"
+        f"same {len(uninterrupted) - saved} batches, the same weights, {expected.total()} "
+        f"tokens each trained on once; another tokenizer refused"
     )
 
 

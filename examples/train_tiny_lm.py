@@ -74,8 +74,13 @@ class TinyLM(nn.Module):
 
 
 def loss_of(model: TinyLM, batch: dict[str, Any]) -> torch.Tensor:
+    """Next-token cross-entropy; with ``labels`` (fine-tuning) over the tokens whose label is
+    not -100 (the assistant's; padding is -100), a document's first token never predicted."""
     ids, positions = batch["input_ids"], batch["position_ids"]
     logits = model(ids, positions)[:, :-1]
+    if "labels" in batch:  # shifted as usual: position i predicts label i + 1
+        labels = batch["labels"][:, 1:].masked_fill(positions[:, 1:] == 0, -100)
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
     targets = ids[:, 1:].long()
     # predict within a document part only, and never a padding token
     real = torch.arange(ids.numel()).view_as(ids)[:, 1:] < batch["num_tokens"]
@@ -83,13 +88,19 @@ def loss_of(model: TinyLM, batch: dict[str, Any]) -> torch.Tensor:
     return F.cross_entropy(logits[keep], targets[keep])
 
 
+def real_tokens(batch: dict[str, Any]) -> torch.Tensor:
+    """The tokens of a batch packed by concatenation (its padding is at its end)."""
+    return batch["input_ids"].flatten()[: batch["num_tokens"]].clone()
+
+
 def train(
     make_loader: Callable[[], tuple[Any, StructuredDataset]], workdir: Path, *, vocab: int = VOCAB,
     steps: int | None, every: int, resume: bool,
+    record: Callable[[dict[str, Any]], torch.Tensor] = real_tokens,
 ) -> tuple[nn.Module, list[torch.Tensor]]:  # fmt: skip
     """Train from scratch or from the last checkpoint for ``steps`` (None: to the epoch's end)
-    on a loader ``make_loader()`` builds; returns the model and the real tokens of every batch
-    trained on."""
+    on a loader ``make_loader()`` builds; returns the model and ``record(batch)`` of every
+    batch trained on."""
     torch.manual_seed(0)
     model = TinyLM(vocab=vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -107,7 +118,7 @@ def train(
         optimizer.zero_grad()
         loss_of(model, batch).backward()
         optimizer.step()
-        seen.append(batch["input_ids"].flatten()[: batch["num_tokens"]].clone())
+        seen.append(record(batch))
         step += 1
         if step % every == 0:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -119,6 +130,36 @@ def train(
     return model, seen
 
 
+def crash_and_resume(
+    make_loader: Callable[[], tuple[Any, StructuredDataset]], workdir: Path, *, every: int,
+    crash_at: int, **options: Any,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:  # fmt: skip
+    """Train uninterrupted, then again "killed" after ``crash_at`` steps, then resumed from its
+    last checkpoint (``train(..., **options)`` each). Asserts that the resumed run trains on
+    the uninterrupted run's batches from the checkpoint and ends with its weights; returns the
+    uninterrupted run's records, the crashed then resumed run's, and the checkpoint's step."""
+    reference, uninterrupted = train(make_loader, workdir, steps=None, resume=False,
+                                     every=every, **options)  # fmt: skip
+    _, before = train(make_loader, workdir, steps=crash_at, resume=False, every=every, **options)
+    resumed, after = train(make_loader, workdir, steps=None, resume=True, every=every, **options)
+    saved = crash_at // every * every
+    assert len(saved_part := uninterrupted[saved:]) == len(after)
+    assert all(torch.equal(a, b) for a, b in zip(saved_part, after, strict=True))
+    weights = zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in weights)
+    return uninterrupted, before[:saved] + after, saved
+
+
+def run_args(doc: str | None, *, every: int, crash_at: int) -> argparse.Namespace:
+    """The examples' options: where, how many workers, checkpoint and crash steps."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.mkdtemp()))
+    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--every", type=int, default=every, help="checkpoint every N steps")
+    parser.add_argument("--crash-at", type=int, default=crash_at)
+    return parser.parse_args()
+
+
 def packed_loader(data: Path, num_workers: int) -> tuple[Any, StructuredDataset]:
     """The tokenized documents of ``data``, shuffled and packed."""
     return StructuredDataset.create_dataloader(
@@ -128,35 +169,23 @@ def packed_loader(data: Path, num_workers: int) -> tuple[Any, StructuredDataset]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.mkdtemp()))
-    parser.add_argument("--num-workers", type=int, default=0)
-    parser.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
-    parser.add_argument("--crash-at", type=int, default=23)
-    args = parser.parse_args()
+    args = run_args(__doc__, every=10, crash_at=23)
     data = args.workdir / "data"
     total = write_documents(data)
 
     def make_loader() -> tuple[Any, StructuredDataset]:
         return packed_loader(data, args.num_workers)
 
-    reference, uninterrupted = train(make_loader, args.workdir, steps=None, resume=False,
-                                     every=args.every)  # fmt: skip
-    _, before = train(make_loader, args.workdir, steps=args.crash_at, resume=False,
-                      every=args.every)  # fmt: skip
-    resumed, after = train(make_loader, args.workdir, steps=None, resume=True, every=args.every)
-
-    saved = args.crash_at // args.every * args.every
-    assert len(saved_part := uninterrupted[saved:]) == len(after)
-    assert all(torch.equal(a, b) for a, b in zip(saved_part, after, strict=True))
-    weights = zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True)
-    assert all(torch.equal(a, b) for a, b in weights)
-    trained = torch.cat(before[:saved] + after)
-    assert len(trained) == total == len(torch.cat(uninterrupted)), (len(trained), total)
+    uninterrupted, trained, saved = crash_and_resume(
+        make_loader, args.workdir, every=args.every, crash_at=args.crash_at
+    )
+    tokens = torch.cat(trained)
+    assert len(tokens) == total == len(torch.cat(uninterrupted)), (len(tokens), total)
     print(
         f"train_tiny_lm: {len(uninterrupted)} steps of {SEQUENCES} x {SEQ_LEN} tokens; crashed "
-        f"at step {args.crash_at}, resumed from step {saved}: the same {len(after)} batches, "
-        f"the same weights, {total} tokens each trained on once"
+        f"at step {args.crash_at}, resumed from step {saved}: the same "
+        f"{len(uninterrupted) - saved} batches, the same weights, {total} tokens each trained "
+        f"on once"
     )
 
 

@@ -109,6 +109,18 @@ def test_train_from_text(tmp_path: Path) -> None:
     assert "another tokenizer refused" in line
 
 
+def test_sft_chat(tmp_path: Path) -> None:
+    """Chat Parquet rendered and tokenized in 2 workers, whole conversations packed with their
+    labels, the loss on the assistant's tokens; crashed, resumed, checked token for token."""
+    out = run_example("sft_chat.py", tmp_path, args=["--num-workers", "2"])
+    line = summary(out, "sft_chat")
+    assert "300 conversations, 22 steps of 4 x 256 tokens, 20372 tokens (876 padding)" in line
+    assert "5820 of them the assistant's (the loss's)" in line
+    assert "crashed at step 13, resumed from step 8: the same 14 batches (input_ids and " in line
+    assert "the same weights, every conversation once and whole" in line
+    assert "another template refused" in line
+
+
 @pytest.mark.ddp
 def test_ddp_packed(tmp_path: Path) -> None:
     line = summary(run_example("ddp_packed.py", tmp_path, ranks=2), "ddp_packed")
