@@ -283,16 +283,13 @@ def test_a_chat_mixture_continues_under_new_weights_and_a_new_source(
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        ({"template": LLAMA3}, "chat template"),
-        ({"roles": {"human": "user", "gpt": "assistant", "system": "user"}}, "roles"),
-    ],
+    "change",
+    [{"template": LLAMA3}, {"roles": {"human": "user", "gpt": "assistant", "system": "user"}}],
     ids=["template", "roles"],
 )
 def test_another_template_or_mapping_is_refused_on_resume(
     fast: PreTrainedTokenizerFast, data: tuple[dict[str, Path], dict[str, set[Part]]],
-    change: dict[str, Any], message: str,
+    change: dict[str, Any],
 ) -> None:  # fmt: skip
     """A source's rendering changed (the mixture's template, or the ShareGPT source's own
     roles): a ``CheckpointMismatchError`` on ``tokenizer``, naming the source."""
@@ -306,7 +303,8 @@ def test_another_template_or_mapping_is_refused_on_resume(
     resumed, _ = StructuredDataset.create_dataloader(
         sources(paths, **own), **kwargs | {"tokenize": tokenize(fast, template)}
     )
-    with pytest.raises(CheckpointMismatchError, match=rf"^source 'sharegpt': .*{message}") as info:
+    with pytest.raises(CheckpointMismatchError, match=r"^source 'sharegpt': .* planned with "
+                       r"tokenizer=\['conversations', '[0-9a-f]+'\]") as info:  # fmt: skip
         resumed.load_state_dict(state)
     assert info.value.field == "tokenizer"
 
