@@ -20,6 +20,7 @@ from ..mixing.schedule import MAX_BLOCK, Schedule
 from ..mixing.source import (
     MAX_EPOCH_SIZE,
     Source,
+    SourceSpec,
     check_policies,
     check_schemas,
     mixture_sources,
@@ -135,7 +136,7 @@ def _mixture(
                 config, format=spec.format, split_bytes=spec.split_bytes,
                 shuffle_seed=source_seed(config.shuffle_seed, spec.name),
                 shuffle_memory_bytes=spec.memory_bytes,
-                tokenize=_source_tokenize(config, spec.text_column),
+                tokenize=_source_tokenize(config, spec),
             )  # fmt: skip
         except ValueError as exc:
             raise ValueError(f"source {spec.name!r}: {exc}") from exc
@@ -184,13 +185,21 @@ def _mixture(
     return mix, tuple(files)
 
 
-def _source_tokenize(config: DatasetConfig, text_column: str | None) -> Tokenize | None:
-    """How a source tokenizes: the mixture's ``Tokenize``, on the source's own text column."""
-    if text_column is None:
-        return config.tokenize
-    if config.tokenize is None:
+def _source_tokenize(config: DatasetConfig, spec: SourceSpec) -> Tokenize | None:
+    """How a source tokenizes: the mixture's ``Tokenize``, on the source's own text column and
+    (a chat) with its own message fields and roles (its fingerprint covers them)."""
+    tokenize = config.tokenize
+    if spec.text_column is None and not spec.chat_fields:
+        return tokenize
+    if spec.chat_fields and (tokenize is None or tokenize.chat is None):
         raise ValueError(
-            f"text_column={text_column!r} names a text column to tokenize, but the mixture has "
-            f"no tokenize=Tokenize(...)"
+            f"{' and '.join(spec.chat_fields)} describe the source's conversations, but the "
+            f"mixture renders none: pass tokenize=Tokenize(..., chat_template=...)"
         )
-    return replace(config.tokenize, column=text_column)
+    if tokenize is None:
+        raise ValueError(
+            f"text_column={spec.text_column!r} names a text column to tokenize, but the mixture "
+            f"has no tokenize=Tokenize(...)"
+        )
+    column = tokenize.column if spec.text_column is None else spec.text_column
+    return replace(tokenize, column=column, **spec.chat_fields)

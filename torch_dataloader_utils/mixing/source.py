@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -19,6 +19,7 @@ from ..base.args import (
 from ..base.errors import SchemaMismatchError
 from ..formats import get_format
 from ..index.schema import column_differences
+from ..planning.chat import check_roles
 from ..planning.config import MIN_SHUFFLE_MEMORY_BYTES
 from ..planning.tokens import PACKED_KEYS
 
@@ -55,7 +56,10 @@ class Source:
     up to the mixture's budget and the sources' own (``docs/mixing.md``).
 
     ``text_column`` names the source's text column when the mixture tokenizes
-    (``tokenize=Tokenize(...)``) and the source's differs from ``Tokenize.column``.
+    (``tokenize=Tokenize(...)``) and the source's differs from ``Tokenize.column``. For chat
+    (``Tokenize(..., chat_template=...)``), ``role_field``, ``content_field`` and ``roles`` are
+    the source's own where they differ from ``Tokenize``'s: a ShareGPT source (``from`` /
+    ``value``, ``human`` / ``gpt``) beside a Hugging Face one (``docs/chat.md``).
     """
 
     path: PathArg
@@ -66,6 +70,9 @@ class Source:
     max_epochs: int | None = None
     when_exhausted: str = "renormalize"
     text_column: str | None = None
+    role_field: str | None = None
+    content_field: str | None = None
+    roles: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,7 @@ class SourceSpec:
     stops: bool
     text_column: str | None = None
     shares_budget: bool = True  # a share of the mixture's ``shuffle_memory_bytes``, not its own
+    chat_fields: Mapping[str, Any] = field(default_factory=dict)  # Tokenize's, where its own
 
 
 def mixture_sources(
@@ -144,9 +152,19 @@ def mixture_sources(
                 stops=_stops(name, source.when_exhausted),
                 text_column=optional_name(f"text_column of source {name!r}", source.text_column),
                 shares_budget=source.shuffle_memory_bytes is None,
+                chat_fields=_chat_fields(name, source),
             )
         )
     return tuple(specs)
+
+
+def _chat_fields(name: str, source: Source) -> dict[str, Any]:
+    """The chat arguments ``source`` gives (``Tokenize``'s names), checked."""
+    check_roles(f"roles of source {name!r}", source.roles)
+    fields = {key: optional_name(f"{key} of source {name!r}", getattr(source, key))
+              for key in ("role_field", "content_field")}  # fmt: skip
+    given = {key: value for key, value in fields.items() if value is not None}
+    return given if source.roles is None else {**given, "roles": dict(source.roles)}
 
 
 def source_budget(budget: int, sharing: int) -> int:

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.types as pat
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["REASONING_FIELDS", "ChatFormat", "Spans", "compiled", "recording"]
+__all__ = ["REASONING_FIELDS", "ChatFormat", "Spans", "check_roles", "compiled", "recording"]
 
 # transformers' test for the markers (``render_jinja_template``).
 _GENERATION = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
@@ -69,11 +69,7 @@ class ChatFormat:
         labels: str,
     ) -> ChatFormat:
         """The format ``Tokenize``'s chat arguments describe (checked)."""
-        if roles is not None and not (
-            isinstance(roles, Mapping)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in roles.items())
-        ):
-            raise TypeError(f"Tokenize roles must map role names to role names, got {roles!r:.200}")
+        check_roles("Tokenize roles", roles)
         for key, value in (("role_field", role_field), ("content_field", content_field),
                            ("labels", labels)):  # fmt: skip
             if not isinstance(value, str) or not value:
@@ -141,6 +137,16 @@ class ChatFormat:
         schema = schema.set(index, pa.field(output, pa.list_(pa.int32()), nullable=False))
         labels = pa.field(self.labels, pa.list_(pa.int64()), nullable=False)
         return schema.insert(index + 1, labels)
+
+
+def check_roles(name: str, roles: object) -> None:
+    """Raise unless ``roles`` (the argument ``name``) is ``None`` or maps role names to role
+    names."""
+    if roles is not None and not (
+        isinstance(roles, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in roles.items())
+    ):
+        raise TypeError(f"{name} must map role names to role names, got {roles!r:.200}")
 
 
 def _is_string(kind: pa.DataType) -> bool:
