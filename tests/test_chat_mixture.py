@@ -334,7 +334,8 @@ def test_each_sources_fingerprint_covers_its_own_mapping(
         ({"content_field": "from"}, ValueError,
          "source 'sharegpt': Tokenize role_field and content_field are both 'from'"),
         ({"role_field": "role"}, ValueError,
-         r"files at .*sharegpt: its messages have no field 'role' \(fields: \['from', 'value'\]\)"),
+         r"of source 'sharegpt': the files at .*sharegpt: its messages have no field 'role' "
+         r"\(fields: \['from', 'value'\]\)"),
     ],
 )  # fmt: skip
 def test_a_sources_chat_fields_are_checked_by_name(

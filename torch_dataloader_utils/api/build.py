@@ -83,8 +83,9 @@ def _source(
     world: World,
     storage_options: Mapping[str, Any] | None,
     share_index: bool,
+    source: str | None = None,
 ) -> tuple[DatasetIndex, SourceFiles]:
-    """The index of one dataset's files, and how to read them."""
+    """The index of one dataset's files (a mixture's ``source``), and how to read them."""
     path = dataset_paths("path", path)
     first = path if isinstance(path, str) else next(iter(path), "")
     storage = Storage(first, optional_mapping("storage_options", storage_options))
@@ -95,7 +96,8 @@ def _source(
     with Stage(LISTING):
         index = build_index(storage, fmt, path, config.read_columns, config.split_bytes, job=job)
     if config.tokenize is not None:
-        config.tokenize.check(index.schema, f"the files at {storage.display(first)}")
+        named = "" if source is None else f"source {source!r}: "
+        config.tokenize.check(index.schema, f"{named}the files at {storage.display(first)}")
     files = SourceFiles(
         storage=storage,
         fmt=fmt,
@@ -140,7 +142,7 @@ def _mixture(
             )  # fmt: skip
         except ValueError as exc:
             raise ValueError(f"source {spec.name!r}: {exc}") from exc
-        index, opened = _source(spec.path, own, world, spec.storage_options, share_index)
+        index, opened = _source(spec.path, own, world, spec.storage_options, share_index, spec.name)
         sources.append(
             Epochs(index=index, config=own, rank=world.rank, world_size=world.world_size,
                    even_batches=False)
