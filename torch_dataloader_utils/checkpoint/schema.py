@@ -43,7 +43,7 @@ import base64
 import binascii
 import functools
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -322,37 +322,39 @@ def _check_nested(state: Mapping[str, Any]) -> None:
         raise InvalidStateError(
             f"state key '_packing' must be null or [column, separator], got {packing!r:.200}"
         )
-    whole = state.get("_whole_documents")
-    if "_whole_documents" in state and not (
-        isinstance(whole, dict)
-        and sorted(whole) == ["overlong", "seq_len", "window"]
-        and type(whole["seq_len"]) is int
-        and type(whole["window"]) is int
-        and isinstance(whole["overlong"], str)
-    ):
-        raise InvalidStateError(
-            f"state key '_whole_documents' must be {{'seq_len': int, 'window': int, "
-            f"'overlong': str}}, got {whole!r:.200}"
-        )
-    tokenize = state.get("_tokenize")
-    if "_tokenize" in state and not (
-        isinstance(tokenize, list)
-        and len(tokenize) == 2
-        and all(isinstance(t, str) for t in tokenize)
-    ):
-        raise InvalidStateError(
-            f"state key '_tokenize' must be [text column, tokenizer fingerprint], got "
-            f"{tokenize!r:.200}"
-        )
-    companions = state.get("_companions")
-    if "_companions" in state and not (
-        isinstance(companions, dict)
-        and all(isinstance(k, str) and type(v) is int for k, v in companions.items())
-    ):
-        raise InvalidStateError(
-            f"state key '_companions' must be a dict of column names to pads (ints), got "
-            f"{companions!r:.200}"
-        )
+    for key, (fits, expected) in _OPTIONAL_SHAPES.items():
+        if key in state and not fits(state[key]):
+            raise InvalidStateError(
+                f"state key {key!r} must be {expected}, got {state[key]!r:.200}"
+            )
+
+
+def _whole_documents_fit(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and sorted(value) == ["overlong", "seq_len", "window"]
+        and type(value["seq_len"]) is int
+        and type(value["window"]) is int
+        and isinstance(value["overlong"], str)
+    )
+
+
+def _tokenize_fits(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(t, str) for t in value)
+
+
+def _companions_fit(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and type(v) is int for k, v in value.items()
+    )
+
+
+# The keys a state holds only when a setting is given: what their values must be.
+_OPTIONAL_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "_whole_documents": (_whole_documents_fit, "{'seq_len': int, 'window': int, 'overlong': str}"),
+    "_tokenize": (_tokenize_fits, "[text column, tokenizer fingerprint]"),
+    "_companions": (_companions_fit, "a dict of column names to pads (ints)"),
+}
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
