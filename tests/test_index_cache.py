@@ -17,7 +17,8 @@ from _data import rows_table, write_dataset, write_parquet
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.index import build as _build
-from torch_dataloader_utils.index.cache import CachedMetadata, cache_dir
+from torch_dataloader_utils.index.cache import cache_dir
+from torch_dataloader_utils.index.parsed import SerializedMetadata
 
 ROWS = (40, 30, 50, 20)
 
@@ -70,7 +71,7 @@ def test_second_build_reads_no_footers(cache: Path, data: Path, reads: list[str]
     assert second._index.digest == first._index.digest
     assert [s for s in second._index.splits] == [s for s in first._index.splits]
     assert second._index.schema.equals(first._index.schema)
-    assert isinstance(second._index.files[0].metadata, CachedMetadata)
+    assert isinstance(second._index.files[0].metadata, SerializedMetadata)
     assert sorted(int(i) for b in second for i in b["id"]) == list(range(sum(ROWS)))
 
 
@@ -117,11 +118,16 @@ def test_unusable_cache_warns_once_and_builds(
     assert len(list(dataset)) > 0
 
 
-def test_cached_footers_pickle_unparsed_and_feed_workers(cache: Path, data: Path):
+def test_cached_footers_pickle_unparsed_and_feed_workers(
+    cache: Path, data: Path, monkeypatch: pytest.MonkeyPatch
+):
+    parsed: list[int] = []
+    parse = SerializedMetadata.parse
+    monkeypatch.setattr(SerializedMetadata, "parse", lambda m: parsed.append(1) or parse(m))
     StructuredDataset(str(data))
     dataset = StructuredDataset(str(data), batch_size=16, split_bytes=1)
     meta = dataset._index.files[0].metadata
-    assert "_footer" not in meta.__dict__  # never parsed in the main process
+    assert parsed == []  # never parsed in the main process
     copy = pickle.loads(pickle.dumps(meta))
     assert copy.footer.num_row_groups == len(meta.unit_rows)
     assert copy == meta

@@ -28,6 +28,7 @@ from ..storage.filesystem import FileEntry, Storage
 from .cache import IndexCache, open_cache, warn_once
 from .footers import TailFile, content_fingerprint
 from .index import DatasetIndex, IndexedFile, digest
+from .parsed import serialized
 from .schema import common_schema
 from .splits import Split, cut_splits
 
@@ -197,7 +198,12 @@ def _metadata(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> li
     try:
         found = _cached(cache, storage, fmt, entries)
         missing = [i for i, m in enumerate(found) if m is None]
-        read = _read_all(storage, fmt, [entries[i] for i in missing])
+        read = [
+            (serialized(meta, fmt), fingerprint)
+            for meta, fingerprint in _shared_schemas(
+                _read_all(storage, fmt, [entries[i] for i in missing])
+            )
+        ]
         if cache is not None and missing:
             _store(
                 cache, storage, fmt, [(entries[i], *m) for i, m in zip(missing, read, strict=True)]
@@ -205,7 +211,7 @@ def _metadata(storage: Storage, fmt: FileFormat, entries: list[FileEntry]) -> li
     finally:
         if cache is not None:
             cache.close()
-    for i, meta in zip(missing, _shared_schemas(read), strict=True):
+    for i, meta in zip(missing, read, strict=True):
         found[i] = meta
     if cache is not None:
         log.info(

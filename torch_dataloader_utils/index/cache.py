@@ -20,9 +20,8 @@ bytes. A row that fails its checksum or does not decode, or whose schema fails i
 logged (one WARNING naming the files and the cache), its file's footer is read again from
 storage and the row rewritten; a failed row of a file not listed is deleted. The other rows are
 used as they are. A database SQLite finds damaged (not a database, malformed) is deleted and
-created anew. Footers are parsed lazily
-(``CachedMetadata.footer``): the main process never parses them, a worker parses only the
-footers of files it reads.
+created anew. Footers are parsed when read from
+(``index.parsed``): the main process never parses them, a worker only those of files it reads.
 
 The database uses SQLite's default rollback journal (``DELETE``), not WAL: WAL needs shared
 memory between the processes, which network filesystems (an NFS home directory) do not
@@ -50,8 +49,9 @@ import xxhash
 
 from ..base.log import log, some_names
 from ..formats import FileFormat, FileMetadata
+from .parsed import SerializedMetadata
 
-__all__ = ["CachedMetadata", "IndexCache", "cache_dir", "open_cache"]
+__all__ = ["IndexCache", "cache_dir", "open_cache"]
 
 # v1 rows were pickles, v2 rows have no content fingerprint, v3 rows no checksum of the whole
 # row: none is ever read. The version is also part of every row's checksum.
@@ -84,39 +84,6 @@ def cache_dir() -> Path | None:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "torch_dataloader_utils"
-
-
-class CachedMetadata(FileMetadata):
-    """``FileMetadata`` whose ``footer`` is parsed from its serialized bytes on first use.
-
-    Pickles with the bytes only, so handing an index to workers stays cheap.
-    """
-
-    def __init__(
-        self,
-        schema: pa.Schema,
-        unit_rows: Sequence[int],
-        unit_bytes: Sequence[int],
-        footer: bytes,
-        fmt: FileFormat,
-    ) -> None:
-        object.__setattr__(self, "schema", schema)
-        object.__setattr__(self, "unit_rows", tuple(unit_rows))
-        object.__setattr__(self, "unit_bytes", tuple(unit_bytes))
-        object.__setattr__(self, "_footer_bytes", footer)
-        object.__setattr__(self, "_format", fmt)
-
-    @property
-    def footer(self) -> Any:
-        parsed = self.__dict__.get("_footer")
-        serialized = self.__dict__.get("_footer_bytes", b"")
-        if parsed is None and serialized:
-            parsed = self.__dict__["_format"].load_footer(serialized)
-            object.__setattr__(self, "_footer", parsed)
-        return parsed
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_footer"}
 
 
 @dataclass(frozen=True)
@@ -173,7 +140,13 @@ class IndexCache:
             schema_bytes = meta.schema.serialize().to_pybytes()
             digest = xxhash.xxh64_hexdigest(schema_bytes)
             schemas[digest] = schema_bytes
-            footer = b"" if meta.footer is None else fmt.dump_footer(meta.footer)
+            footer = (
+                meta.footer_bytes
+                if isinstance(meta, SerializedMetadata)
+                else b""
+                if meta.footer is None
+                else fmt.dump_footer(meta.footer)
+            )
             fields = {
                 "schema": digest,
                 "unit_rows": list(meta.unit_rows),
@@ -280,7 +253,7 @@ class IndexCache:
         schema = None if row is None else self._schemas.get(row.schema)
         if row is None or schema is None:
             return None
-        meta = CachedMetadata(schema, row.unit_rows, row.unit_bytes, row.footer, fmt)
+        meta = SerializedMetadata(schema, row.unit_rows, row.unit_bytes, row.footer, fmt)
         return meta, row.fingerprint
 
 

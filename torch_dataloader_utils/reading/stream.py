@@ -27,6 +27,7 @@ from ..base.stages import TRANSFORM, timed
 from ..base.world import detect_worker
 from ..formats import FileFormat
 from ..index.index import DatasetIndex
+from ..index.parsed import hold_parsed_footers
 from ..planning.order import StreamOrder
 from ..planning.plan import Position
 from ..planning.text import Tokenize
@@ -56,6 +57,8 @@ _MAX_READ_ROWS = 65_536
 _MIN_LANE_BYTES = 2**20
 # Rows gathered from a shuffle window at a time, at most (and at most a chunk read in order).
 _GATHER_ROWS = 16_384
+# A stream's files' parsed footers are held within this part of its budget (``index.parsed``).
+_FOOTER_SHARE = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +130,7 @@ class StreamSource:
         next window read while this one is handed out). Record batches; with ``rows``,
         shuffled rows as ``Rows``, for a caller that copies them anyway. ``most_rows`` caps a
         chunk (else about ``_READ_BYTES``), for a caller that holds many streams' chunks."""
+        hold_parsed_footers(self.memory_bytes // _FOOTER_SHARE)
         read_rows = self.read_rows(min_rows)
         if most_rows is not None:
             read_rows = max(min_rows, min(read_rows, most_rows))
