@@ -57,6 +57,7 @@ BATCH, BATCHES, MEMORY = 1024, 30, 16 * 2**20
 CASES = {"20": (20, 5, 200_000), "100": (100, 10, 20_000), "1000": (1000, 1, 1_000)}
 CONTENDERS = ("mixture", "one dataset")
 PEAK_BOUND = 1.25  # a mixture's peak RSS over start, at most this x one dataset's
+BOUNDED = (20, 100)  # the numbers of sources the bound is asserted for (issue 32)
 
 
 def sources_of(root: Path, case: str, quick: bool) -> dict[str, list[str]]:
@@ -153,6 +154,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a quarter of the rows")
     parser.add_argument("--thousand", action="store_true", help="also 1,000 sources")
+    parser.add_argument(
+        "--sources",
+        nargs="+",
+        choices=list(CASES),
+        default=None,
+        help="only these cases (default: 20 and 100, and 1,000 with --thousand)",
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--case", nargs=3, metavar=("SOURCES", "CONTENDER", "WORKERS"),
                         help=argparse.SUPPRESS)  # fmt: skip
@@ -166,7 +174,8 @@ def main() -> None:
         return
     print(machine_note())
     report: list[dict[str, Any]] = []
-    for case in ["20", "100"] + (["1000"] if args.thousand else []):
+    cases = args.sources or ["20", "100"] + (["1000"] if args.thousand else [])
+    for case in cases:
         sources_of(root, case, args.quick)  # written once, before any case is measured
         for workers in (0, 2):
             row: dict[str, Any] = {"sources": int(case), "workers": workers}
@@ -189,7 +198,7 @@ def main() -> None:
         f"{row['mixture'][key] / row['one dataset'][key]:.2f}"
         for row in report
         for key, label in (("peak_rss", "over start"), ("epoch_peak_rss", "over an epoch"))
-        if row["mixture"][key] > PEAK_BOUND * row["one dataset"][key]
+        if row["sources"] in BOUNDED and row["mixture"][key] > PEAK_BOUND * row["one dataset"][key]
     ]
     if over:
         sys.exit(f"peak RSS of a mixture over {PEAK_BOUND} x one dataset's: {'; '.join(over)}")

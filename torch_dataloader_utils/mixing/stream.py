@@ -35,8 +35,9 @@ from .schedule import Interleave
 
 __all__ = ["MixedSource"]
 
-# Mixed positions assembled at a time (at least a batch): one scatter of every column per chunk.
-_MIX_ROWS = 65_536
+# Mixed positions assembled at a time (at least a batch; as many as a window hands out at a
+# time): one scatter of every column per chunk.
+_MIX_ROWS = 16_384
 # Rows of a source's chunk, at least, in a mixed stream (each source's chunk held at once).
 _MIN_FEED_ROWS = 256
 # Chunks without a token a packed source may read in a row before it is refused.

@@ -75,14 +75,15 @@ def _stream_key(seed: int, epoch: int, tag: str) -> int:
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
-def permutation(rows: int, key: int) -> npt.NDArray[np.int64]:
-    """A keyed random permutation of ``range(rows)``: position ``t`` delivers row ``out[t]``.
+def permutation(rows: int, key: int) -> npt.NDArray[np.uint32]:
+    """A keyed random permutation of ``range(rows)``: position ``t`` delivers row ``out[t]``
+    (``uint32``: a window's is held while the window is handed out, at 4 bytes a row).
 
     Four rounds of add-key, multiply by an odd constant and xor-shift permute the power of two
     ``2^k >= rows``; a value that lands past ``rows`` is permuted again until it does not
     (cycle walking), so ``out[t] == permuted(t, rows, key)``.
     """
-    return _walk(np.arange(rows, dtype=np.uint32), rows, _round_keys(key)).astype(np.int64)
+    return _walk(np.arange(rows, dtype=np.uint32), rows, _round_keys(key))
 
 
 def permuted(position: int, rows: int, key: int) -> int:

@@ -59,7 +59,7 @@ def shuffled_chunks(
     waited = threading.Event()
     waited.set()  # for the first window
     threads = _DECODE_THREADS if read_ahead else 1
-    windows: Iterator[tuple[Window, npt.NDArray[np.int64], int]] = _read_windows(
+    windows: Iterator[tuple[Window, npt.NDArray[np.uint32], int]] = _read_windows(
         source, order, order.window_at(start), threads, waited
     )
     if read_ahead:
@@ -70,7 +70,7 @@ def shuffled_chunks(
             for lo in range(max(0, start - begin), rows, gather_rows):
                 hi = min(lo + gather_rows, rows)
                 with Stage(SHUFFLE):
-                    rows_taken = data.take(index[lo:hi])
+                    rows_taken = data.take(index[lo:hi].astype(np.int64))
                 yield rows_taken, begin + hi
             del data, index  # handed out: let go of it before the next one is read
     finally:
@@ -84,7 +84,7 @@ _Carried: TypeAlias = dict[tuple[int, int], list[pa.RecordBatch]]
 
 def _read_windows(
     source: WindowSource, order: ShuffledShare, first: int, threads: int, waited: threading.Event
-) -> Iterator[tuple[Window, npt.NDArray[np.int64], int]]:
+) -> Iterator[tuple[Window, npt.NDArray[np.uint32], int]]:
     """Windows ``first, first + 1, ...``: their rows in storage order, permutation and first
     stream row; ``threads`` decode a window's runs (independent reads) if the consumer
     ``waited`` for the window before (cleared here), else one."""
