@@ -38,8 +38,9 @@ __all__ = ["MixedSource"]
 # Mixed positions assembled at a time (at least a batch; as many as a window hands out at a
 # time): one scatter of every column per chunk.
 _MIX_ROWS = 16_384
-# Rows of a source's chunk, at least, in a mixed stream (each source's chunk held at once).
-_MIN_FEED_ROWS = 256
+# Rows of a source's chunk, at least, in a mixed stream: each source holds one (gathered from
+# its window), so at 1,000 sources 256 rows held 5 MiB; fewer cost a gather call more often.
+_MIN_FEED_ROWS = 64
 # Chunks without a token a packed source may read in a row before it is refused.
 _MAX_EMPTY_CHUNKS = 1000
 
