@@ -50,7 +50,8 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Sources; per worker count a state after 3 batches with the rest it resumes into; and
     the states of 2 ranks after 2 and 3 batches with the rest they resume into on 1 rank."""
     root = tmp_path_factory.mktemp("mix-state-fuzz")
-    paths = {"web": write_source(root, "web", 0, 50), "code": write_source(root, "code", 1, 30)}
+    # code of one file: its state's compact form (``mixing.compact``) is fuzzed too
+    paths = {"web": write_source(root, "web", 0, 50), "code": write_source(root, "code", 1, 30, 1)}
     states = {}
     for workers in (0, 2):
         loader = loader_of(paths, workers)
