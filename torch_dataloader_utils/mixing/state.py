@@ -19,11 +19,19 @@ A mixture's state is plain JSON-safe builtins::
     sources      {name: the state of that source as a dataset of its own (files, settings,
                   and per worker stream its place in its share of the source's epoch, by
                   content), whose "epoch" is the source epoch of the first stream, and
-                  "epochs": the source epoch of each worker stream; the source's files make
-                  at most max(1, 256 // number of sources) groups}
+                  "epochs": the source epoch of each worker stream, "rests" and "fresh":
+                  the source's epochs an elastic resume left (``SourceRest``); the source's
+                  files make at most max(1, 256 // number of sources) groups. Written
+                  without what the rest of the state says (``mixing.compact``): no
+                  "_shuffle_seed" when the mixture's seed gives it, "files.root" below
+                  source_settings' "root"; a source of one file's "files" as
+                  {"file": [name, fingerprint], "root"} and its places as [position,
+                  tokens, rows, row_offset, row_length, row]; no "num_splits" when one per
+                  file; no "epoch" 0, "epochs" all "epoch", "rests" [] or "fresh" 0}
     source_settings  {key: value} of ``SHARED_KEYS`` that every source's state holds alike,
-                  written here once and left out of each (optional: a state without it
-                  holds them in each source's)
+                  written here once and left out of each, and "root": the start of every
+                  source's "files.root" (optional: a state without source_settings holds
+                  every source's state whole)
 
 Unpacked, each stream's place in a source follows from its position (``mixing.epochs``);
 packed, it is the stored place (how far a source got depends on its tokens). The places by
