@@ -30,6 +30,7 @@ from torch_dataloader_utils import (
     StructuredDataset,
     TokenPacking,
 )
+from torch_dataloader_utils.mixing.state import expanded
 
 LIBRARY_ERRORS = (InvalidStateError, CheckpointMismatchError)
 KWARGS: dict[str, Any] = {"weights": {"web": 2, "code": 1}, "batch_size": 4, "shuffle": True}
@@ -227,7 +228,7 @@ def test_a_packed_source_out_of_step_is_refused_by_name(
     it = iter(loader)
     for _ in range(3):
         next(it)
-    state = json.loads(json.dumps(loader.state_dict()))
+    state = expanded(json.loads(json.dumps(loader.state_dict())))  # each key written
     del it
     state["sources"]["code"][field_of_code] = value
     fresh, _ = StructuredDataset.create_dataloader(

@@ -11,8 +11,8 @@ Each source's state is its state as a dataset of its own (``checkpoint.state``),
 - of a source of one file, ``files`` but for ``{"file": [name, fingerprint], "root"}`` (its
   count, digest and group follow from them), and of each stream's place the file's name and
   fingerprint: ``[position, tokens, rows, row_offset, row_length, row]``;
-- ``num_splits`` when the source has a split per file; ``epoch`` when 0, ``epochs`` when each
-  stream's is ``epoch``, ``rests`` when ``[]`` and ``fresh`` when 0.
+- ``num_splits`` when the source has a split per file; ``epochs`` when each stream's is
+  ``epoch``; ``rests`` and ``fresh`` when ``[]`` and 0 (both: one left out alone is refused).
 
 What is left out is what ``whole`` puts back (checked when written), so a source's state made
 whole is validated as ever: a changed file, seed or setting fails to match, naming the source.
@@ -100,11 +100,10 @@ def whole_source(
             whole["streams"] = [_whole_place(e, file) for e in whole["streams"]]
         if "num_splits" not in whole and "count" in files:
             whole["num_splits"] = files["count"]
-    whole.setdefault("epoch", 0)
-    if "epochs" not in whole and isinstance(whole.get("streams"), list):
+    if "epochs" not in whole and "epoch" in whole and isinstance(whole.get("streams"), list):
         whole["epochs"] = [whole["epoch"]] * len(whole["streams"])
-    whole.setdefault("rests", [])
-    whole.setdefault("fresh", 0)
+    if "rests" not in whole and "fresh" not in whole:
+        whole["rests"], whole["fresh"] = [], 0
     return whole
 
 

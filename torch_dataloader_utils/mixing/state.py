@@ -27,7 +27,7 @@ A mixture's state is plain JSON-safe builtins::
                   source_settings' "root"; a source of one file's "files" as
                   {"file": [name, fingerprint], "root"} and its places as [position,
                   tokens, rows, row_offset, row_length, row]; no "num_splits" when one per
-                  file; no "epoch" 0, "epochs" all "epoch", "rests" [] or "fresh" 0}
+                  file; no "epochs" when all are "epoch", no "rests" and "fresh" when [] and 0}
     source_settings  {key: value} of ``SHARED_KEYS`` that every source's state holds alike,
                   written here once and left out of each, and "root": the start of every
                   source's "files.root" (optional: a state without source_settings holds
@@ -84,15 +84,13 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
         sub = dict(own[s])
         epoch = 0 if known is None else known[s][0]
         epochs = [0 if e is None else e[s][0] for e in entries]
-        if epoch:
-            sub["epoch"] = epoch
+        sub["epoch"] = epoch
         if epochs.count(epoch) != streams:
             sub["epochs"] = epochs
         sub["streams"] = written_streams(own[s], [None if e is None else e[s][1] for e in entries])
         rest = mix.rest(s)
-        if rest.epochs:
+        if rest.epochs or rest.fresh:  # both, or neither: one left out alone is refused
             sub["rests"] = [[e, [encode_generation(g) for g in deals]] for e, deals in rest.epochs]
-        if rest.fresh:
             sub["fresh"] = rest.fresh
         sources[name] = sub
     segment = mix.timeline.segment
