@@ -68,16 +68,16 @@ def written_once(
 
 
 def written_streams(own: Mapping[str, Any], streams: list[list[Any] | None]) -> list[Any]:
-    """A source's stream places as its state writes them: of a source of one file (``own``,
-    its part of ``written_once``), without the file's name and fingerprint."""
-    file = own["files"].get("file")
-    if file is None:
-        return streams
-    name, fingerprint = file
+    """A source's stream places as its state writes them (copies: the places are kept for
+    the next state): of a source of one file (``own``, its part of ``written_once``), without
+    the file's name and fingerprint."""
+    name, fingerprint = own["files"].get("file") or (None, None)
     return [
-        [e[0], e[1], e[2], e[4], e[5], e[7]]
-        if e is not None and len(e) == 8 and e[3] == name and e[6] == fingerprint
-        else e
+        None
+        if e is None
+        else [e[0], e[1], e[2], e[4], e[5], e[7]]
+        if len(e) == 8 and e[3] == name and e[6] == fingerprint
+        else e[:]
         for e in streams
     ]
 

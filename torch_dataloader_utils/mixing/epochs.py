@@ -82,7 +82,7 @@ class MixedProgress:
     num_workers: int
     positions: dict[int, int] = field(default_factory=dict)
     cursor: int = 0
-    _entries: dict[int, tuple[int, list[tuple[int, list[Any] | None]]]] = field(
+    _entries: dict[int, tuple[Any, list[Any], list[tuple[int, list[Any] | None]]]] = field(
         default_factory=dict, repr=False
     )
     # per worker stream: its epoch's positions and its phases (asked for at every chunk read)
@@ -173,19 +173,30 @@ class MixedProgress:
 
     def entries(self, worker: int) -> list[tuple[int, list[Any] | None]]:
         """Each source's epoch and place of stream ``worker``, by content, as a state writes
-        it (kept until the stream moves)."""
+        it (kept until the stream moves; then each source's while its row and tokens are)."""
         position = self.positions[worker]
         kept = self._entries.get(worker)
         if kept is None or kept[0] != position:
-            entries: list[tuple[int, list[Any] | None]] = []
-            for place, epochs in zip(self.places(worker, position), self.mix.sources, strict=True):
+            rows = (
+                list(position.sources)
+                if isinstance(position, MixPosition)
+                else [(n, 0) for n in self.counts(worker, position).tolist()]
+            )
+            before, was = (kept[1], kept[2]) if kept is not None else ([], [])
+            stream, sources = self.stream(worker), self.mix.sources
+            entries = []
+            for s, (row, tokens) in enumerate(rows):
+                if s < len(before) and before[s] == (row, tokens):
+                    entries.append(was[s])
+                    continue
+                place = self.mix.place(s, stream, row, self.num_workers, tokens)
                 order, offset = place.order, place.offset
                 entry = stream_list(
-                    offset, place.tokens, order.total, order.row_at(offset), epochs.index
+                    offset, place.tokens, order.total, order.row_at(offset), sources[s].index
                 )
                 entries.append((place.epoch, entry))
-            self._entries[worker] = kept = (position, entries)
-        return kept[1]
+            self._entries[worker] = kept = (position, rows, entries)
+        return kept[2]
 
 
 @dataclass(frozen=True, kw_only=True)
