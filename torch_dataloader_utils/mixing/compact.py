@@ -1,5 +1,5 @@
 """A source's part of a mixture's state, written without what the rest of the state says, and
-made whole again (a state of 1,000 sources stays within 256 KiB).
+made whole again (a state of 1,000 sources of one file stays within 256 KiB).
 
 Each source's state is its state as a dataset of its own (``checkpoint.state``), less:
 
