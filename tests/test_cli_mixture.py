@@ -22,6 +22,7 @@ from _data import replace_parquet, rows_table, write_dataset, write_token_docume
 
 from torch_dataloader_utils import StructuredDataset, TokenPacking
 from torch_dataloader_utils.cli import main
+from torch_dataloader_utils.mixing.state import expanded
 
 NAMES = ("web", "code")
 ROWS = {"web": 200, "code": 12}
@@ -98,7 +99,9 @@ def test_inspect_reports_where_each_source_stands(
             (r, w): int((mixed["delivered"][r][w] == number).sum()) for r in (0, 1) for w in (0, 1)
         }
         assert places == [(r, w, n // share, n % share) for (r, w), n in read.items()]
-        state = {(s["_rank"], w): s["sources"][name] for s in mixed["states"] for w in (0, 1)}
+        state = {
+            (s["_rank"], w): expanded(s)["sources"][name] for s in mixed["states"] for w in (0, 1)
+        }
         assert places == [
             (r, w, sub["epochs"][w], sub["streams"][w][0]) for (r, w), sub in state.items()
         ]
@@ -255,7 +258,7 @@ def test_a_packed_mixture_checkpoint(capsys: pytest.CaptureFixture[str], tmp_pat
     report = json.loads(out)
     assert code == 0 and report["settings"]["packing"] == ["tokens", None]
     for source in report["sources"]:
-        sub = state["sources"][source["name"]]
+        sub = expanded(state)["sources"][source["name"]]
         assert [(s["source_epoch"], s["rows"], s["tokens"]) for s in source["streams"]] == [
             (sub["epochs"][w], sub["streams"][w][0], sub["streams"][w][1]) for w in (0, 1)
         ]

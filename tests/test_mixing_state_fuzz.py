@@ -30,6 +30,7 @@ from torch_dataloader_utils import (
     StructuredDataset,
     TokenPacking,
 )
+from torch_dataloader_utils.mixing.state import expanded
 
 LIBRARY_ERRORS = (InvalidStateError, CheckpointMismatchError)
 KWARGS: dict[str, Any] = {"weights": {"web": 2, "code": 1}, "batch_size": 4, "shuffle": True}
@@ -50,7 +51,8 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Sources; per worker count a state after 3 batches with the rest it resumes into; and
     the states of 2 ranks after 2 and 3 batches with the rest they resume into on 1 rank."""
     root = tmp_path_factory.mktemp("mix-state-fuzz")
-    paths = {"web": write_source(root, "web", 0, 50), "code": write_source(root, "code", 1, 30)}
+    # code of one file: its state's compact form (``mixing.compact``) is fuzzed too
+    paths = {"web": write_source(root, "web", 0, 50), "code": write_source(root, "code", 1, 30, 1)}
     states = {}
     for workers in (0, 2):
         loader = loader_of(paths, workers)
@@ -226,7 +228,7 @@ def test_a_packed_source_out_of_step_is_refused_by_name(
     it = iter(loader)
     for _ in range(3):
         next(it)
-    state = json.loads(json.dumps(loader.state_dict()))
+    state = expanded(json.loads(json.dumps(loader.state_dict())))  # each key written
     del it
     state["sources"]["code"][field_of_code] = value
     fresh, _ = StructuredDataset.create_dataloader(

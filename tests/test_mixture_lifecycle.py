@@ -58,6 +58,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from torch_dataloader_utils import StructuredDataset, TokenPacking
 from torch_dataloader_utils.api.states import start_state
 from torch_dataloader_utils.base.errors import EpochStartError
+from torch_dataloader_utils.mixing.state import expanded
 
 EXAMPLES = int(os.environ.get("TDU_MIXLIFE_EXAMPLES", "12"))
 STEPS = int(os.environ.get("TDU_MIXLIFE_STEPS", "15"))
@@ -233,7 +234,7 @@ class MixtureLife(RuleBasedStateMachine):
     def _entry(self, state: dict[str, Any], name: str, worker: int) -> list[int]:
         """``[source epoch, rows of the share started, rows of the share, 1 if packed and
         the last row started is not all handed out]`` of ``worker``."""
-        source = state["sources"][name]
+        source = expanded(state)["sources"][name]
         offset, tokens, rows = source["streams"][worker][:3]
         return [source["epochs"][worker], offset + (tokens > 0), rows, int(tokens > 0)]
 

@@ -34,6 +34,7 @@ from ..planning.config import DatasetConfig
 from ..planning.epochs import Epochs, Progress, Start
 from ..planning.order import StreamOrder
 from ..planning.plan import Deal, Pieces
+from .compact import written_once
 from .phases import Phase, phase_counts, phase_interleave, phase_sources, stream_end
 from .places import MixPosition, SourcePlace, SourceRest
 from .schedule import Interleave
@@ -41,7 +42,6 @@ from .timeline import Segment, Timeline
 
 __all__ = [
     "NO_CARRY",
-    "SHARED_KEYS",
     "AnyProgress",
     "MixedEpochs",
     "MixedProgress",
@@ -60,12 +60,6 @@ NO_CARRY = (
 
 # Stream orders a mixture keeps at least (its epoch and the next of each source and stream).
 _KEPT_ORDERS = 256
-# Keys of a source's state that a mixture's state writes once when every source's are alike.
-SHARED_KEYS = (
-    "version", "_num_workers", "_shuffle", "_split_bytes", "_rank", "_world_size", "_format",
-    "_even_batches", "_shuffle_memory_bytes", "_shuffle_window_rows", "_packing", "generations",
-    "cursor",
-)  # fmt: skip
 # What every source's state holds alike, and each source's own settings and files.
 SettingsStates = tuple[dict[str, Any], tuple[dict[str, Any], ...]]
 
@@ -88,7 +82,7 @@ class MixedProgress:
     num_workers: int
     positions: dict[int, int] = field(default_factory=dict)
     cursor: int = 0
-    _entries: dict[int, tuple[int, list[tuple[int, list[Any] | None]]]] = field(
+    _entries: dict[int, tuple[Any, list[Any], list[tuple[int, list[Any] | None]]]] = field(
         default_factory=dict, repr=False
     )
     # per worker stream: its epoch's positions and its phases (asked for at every chunk read)
@@ -179,19 +173,30 @@ class MixedProgress:
 
     def entries(self, worker: int) -> list[tuple[int, list[Any] | None]]:
         """Each source's epoch and place of stream ``worker``, by content, as a state writes
-        it (kept until the stream moves)."""
+        it (kept until the stream moves; then each source's while its row and tokens are)."""
         position = self.positions[worker]
         kept = self._entries.get(worker)
         if kept is None or kept[0] != position:
-            entries: list[tuple[int, list[Any] | None]] = []
-            for place, epochs in zip(self.places(worker, position), self.mix.sources, strict=True):
+            rows = (
+                list(position.sources)
+                if isinstance(position, MixPosition)
+                else [(n, 0) for n in self.counts(worker, position).tolist()]
+            )
+            before, was = (kept[1], kept[2]) if kept is not None else ([], [])
+            stream, sources = self.stream(worker), self.mix.sources
+            entries = []
+            for s, (row, tokens) in enumerate(rows):
+                if s < len(before) and before[s] == (row, tokens):
+                    entries.append(was[s])
+                    continue
+                place = self.mix.place(s, stream, row, self.num_workers, tokens)
                 order, offset = place.order, place.offset
                 entry = stream_list(
-                    offset, place.tokens, order.total, order.row_at(offset), epochs.index
+                    offset, place.tokens, order.total, order.row_at(offset), sources[s].index
                 )
                 entries.append((place.epoch, entry))
-            self._entries[worker] = kept = (position, entries)
-        return kept[1]
+            self._entries[worker] = kept = (position, rows, entries)
+        return kept[2]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,7 +224,7 @@ class MixedEpochs:
     _shares: dict[tuple[int, int, int], int] = field(
         default_factory=dict, compare=False, repr=False
     )
-    _settings_states: dict[int, SettingsStates] = field(
+    _settings_states: dict[tuple[int, int], SettingsStates] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -427,9 +432,11 @@ class MixedEpochs:
     def source_states(self, num_workers: int) -> SettingsStates:
         """Each source's state as a dataset of its own, but for its epoch and streams: its files
         and settings (the same at every call, so made once), split into what every source's
-        holds alike (``SHARED_KEYS``) and each one's own. The mixture's files make at most
-        ``MAX_FILE_GROUPS`` groups, as one dataset's do: each source's get their share."""
-        if num_workers not in self._settings_states:
+        holds alike and each one's own, as a state writes them (``mixing.compact``). The
+        mixture's files make at most ``MAX_FILE_GROUPS`` groups, as one dataset's do: each
+        source's get their share."""
+        key = (num_workers, self.timeline.schedule.seed)
+        if key not in self._settings_states:
             states = []
             for epochs in self.sources:
                 plan = epochs.plan(Start.fresh(0), num_workers)
@@ -437,12 +444,10 @@ class MixedEpochs:
                 groups = max(1, MAX_FILE_GROUPS // len(self.sources))
                 state["files"]["groups"] = epochs.index.file_groups(groups)
                 states.append(state)
-            shared = {
-                k: states[0][k] for k in SHARED_KEYS if all(s[k] == states[0][k] for s in states)
-            }
-            own = tuple({k: v for k, v in s.items() if k not in shared} for s in states)
-            self._settings_states[num_workers] = (shared, own)
-        return self._settings_states[num_workers]
+            seeds = [source_seed(key[1], name) for name in self.names]
+            indexes = [epochs.index for epochs in self.sources]
+            self._settings_states[key] = written_once(states, indexes, seeds)
+        return self._settings_states[key]
 
 
 # The progress of an iteration: of one dataset, or of a mixture.

@@ -19,11 +19,19 @@ A mixture's state is plain JSON-safe builtins::
     sources      {name: the state of that source as a dataset of its own (files, settings,
                   and per worker stream its place in its share of the source's epoch, by
                   content), whose "epoch" is the source epoch of the first stream, and
-                  "epochs": the source epoch of each worker stream; the source's files make
-                  at most max(1, 256 // number of sources) groups}
+                  "epochs": the source epoch of each worker stream, "rests" and "fresh":
+                  the source's epochs an elastic resume left (``SourceRest``); the source's
+                  files make at most max(1, 256 // number of sources) groups. Written
+                  without what the rest of the state says (``mixing.compact``): no
+                  "_shuffle_seed" when the mixture's seed gives it, "files.root" below
+                  source_settings' "root"; a source of one file's "files" as
+                  {"file": [name, fingerprint], "root"} and its places as [position,
+                  tokens, rows, row_offset, row_length, row]; no "num_splits" when one per
+                  file; no "epochs" when all are "epoch", no "rests" and "fresh" when [] and 0}
     source_settings  {key: value} of ``SHARED_KEYS`` that every source's state holds alike,
-                  written here once and left out of each (optional: a state without it
-                  holds them in each source's)
+                  written here once and left out of each, and "root": the start of every
+                  source's "files.root" (optional: a state without source_settings holds
+                  every source's state whole)
 
 Unpacked, each stream's place in a source follows from its position (``mixing.epochs``);
 packed, it is the stored place (how far a source got depends on its tokens). The places by
@@ -44,7 +52,8 @@ from ..checkpoint.schema import (
     decode_generation,
     encode_generation,
 )
-from .epochs import SHARED_KEYS, MixedEpochs, MixedProgress
+from .compact import ROOT, SHARED_KEYS, whole_source, written_streams
+from .epochs import MixedEpochs, MixedProgress, source_seed
 from .places import SourceRest
 from .schedule import Schedule
 from .source import MAX_EPOCH_SIZE
@@ -68,19 +77,22 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
     """The state dict of ``progress``."""
     streams = max(1, progress.num_workers)
     entries = [progress.entries(w) if w in progress.positions else None for w in range(streams)]
+    known = next((e for e in entries if e is not None), None)
     shared, own = mix.source_states(progress.num_workers)
     sources = {}
-    for s, name in enumerate(mix.names):
-        known = next((e[s] for e in entries if e is not None), None)
+    for s, name in enumerate(mix.names):  # what ``whole_source`` puts back left out
+        sub = dict(own[s])
+        epoch = 0 if known is None else known[s][0]
+        epochs = [0 if e is None else e[s][0] for e in entries]
+        sub["epoch"] = epoch
+        if epochs.count(epoch) != streams:
+            sub["epochs"] = epochs
+        sub["streams"] = written_streams(own[s], [None if e is None else e[s][1] for e in entries])
         rest = mix.rest(s)
-        sources[name] = {
-            **own[s],
-            "epoch": 0 if known is None else known[0],
-            "epochs": [0 if e is None else e[s][0] for e in entries],
-            "streams": [None if e is None else e[s][1] for e in entries],
-            "rests": [[e, [encode_generation(g) for g in deals]] for e, deals in rest.epochs],
-            "fresh": rest.fresh,
-        }
+        if rest.epochs or rest.fresh:  # both, or neither: one left out alone is refused
+            sub["rests"] = [[e, [encode_generation(g) for g in deals]] for e, deals in rest.epochs]
+            sub["fresh"] = rest.fresh
+        sources[name] = sub
     segment = mix.timeline.segment
     return {
         "version": STATE_VERSION,
@@ -113,9 +125,10 @@ def encode_mixture(mix: MixedEpochs, progress: MixedProgress) -> dict[str, Any]:
 
 
 def expanded(state: object) -> Any:
-    """``state`` with each source's state whole: ``source_settings`` (what every source's state
-    holds alike, written once) added to each (a state written without it is whole already;
-    anything but a dict is left for the checks of its shape)."""
+    """``state`` with each source's state whole (``mixing.compact``): with ``source_settings``
+    (what every source's state holds alike, written once; then left out) and what the rest of
+    the state says (a state written without it is whole already; anything but a dict is left
+    for the checks of its shape)."""
     if not isinstance(state, Mapping):
         return state
     shared, subs = state.get("source_settings"), state.get("sources")
@@ -131,15 +144,27 @@ def expanded(state: object) -> Any:
         return state
     if not (
         isinstance(shared, dict)
-        and all(k in SHARED_KEYS for k in shared)
+        and all(k in SHARED_KEYS or k == ROOT for k in shared)
+        and isinstance(shared.get(ROOT, ""), str)
         and isinstance(subs, dict)
         and all(isinstance(sub, dict) for sub in subs.values())
     ):
         raise InvalidStateError(
             f"state key 'source_settings' must be a dict of some of the keys {SHARED_KEYS} "
-            f"and 'sources' a dict of dicts, got {shared!r:.120} and {type(subs).__name__}"
+            f"and {ROOT!r} (a text), and 'sources' a dict of dicts, got {shared!r:.120} and "
+            f"{type(subs).__name__}"
         )
-    return {**state, "sources": {name: {**shared, **sub} for name, sub in subs.items()}}
+    mixture = state.get("_mixture")
+    seed = mixture.get("schedule_seed", 0) if isinstance(mixture, Mapping) else None
+    return {
+        **{k: v for k, v in state.items() if k != "source_settings"},  # whole, as before it
+        "sources": {
+            name: whole_source(
+                name, sub, shared, source_seed(seed, name) if type(seed) is int else None
+            )
+            for name, sub in subs.items()
+        },
+    }
 
 
 def in_source(exc: CheckpointMismatchError | InvalidStateError, name: str) -> Exception:
