@@ -27,7 +27,7 @@ from ..reading.bestfit import (
 from ..reading.packing import Columns, Pending, documents, named_companions, packed_batch
 from ..reading.prefetch import prefetch
 from ..reading.runs import Chunk
-from ..reading.stream import SourceFiles, chunk_rows
+from ..reading.stream import GATHER_ROWS, SourceFiles, chunk_rows
 from ..reading.window import Rows, gather
 from .epochs import MixedProgress
 from .places import MixPosition
@@ -35,9 +35,9 @@ from .schedule import Interleave
 
 __all__ = ["MixedSource"]
 
-# Mixed positions assembled at a time (at least a batch; as many as a window hands out at a
-# time): one scatter of every column per chunk.
-_MIX_ROWS = 16_384
+# Mixed positions assembled at a time, at most (at least a batch): one scatter of every column
+# per chunk.
+_MIX_ROWS = 65_536
 # Rows of a source's chunk, at least, in a mixed stream: each source holds one (gathered from
 # its window), so at 1,000 sources 256 rows held 5 MiB; fewer cost a gather call more often.
 _MIN_FEED_ROWS = 64
@@ -77,10 +77,16 @@ class MixedSource:
         )
 
     def read_rows(self, batch_size: int) -> int:
-        """Positions mixed at a time: as many as a chunk of the widest source read in order,
-        at most ``_MIX_ROWS`` (at least a batch)."""
-        widest = max(epochs.index.row_bytes() for epochs in self.progress.mix.sources)
-        return max(batch_size, min(_MIX_ROWS, chunk_rows(widest, batch_size)))
+        """Positions mixed at a time, as one dataset's stream hands out rows: a chunk of the
+        widest source read in order, shuffled at most a window's gather (``GATHER_ROWS``: a
+        mixed chunk and its interleave are held, 3 MiB more a stream at 65,536); at most
+        ``_MIX_ROWS``, at least a batch."""
+        mix = self.progress.mix
+        widest = max(epochs.index.row_bytes() for epochs in mix.sources)
+        rows = min(_MIX_ROWS, chunk_rows(widest, batch_size))
+        if mix.config.shuffle:
+            rows = min(rows, GATHER_ROWS)
+        return max(batch_size, rows)
 
     def chunks(
         self, start: Position, min_rows: int, read_ahead: int = 0, *, rows: bool = False
