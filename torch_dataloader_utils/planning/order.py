@@ -65,6 +65,9 @@ _MULTIPLIERS = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F)
 _CHUNK = 1 << 15
 # A shuffled epoch's sequence is cut into at least about this many blocks (units allowing).
 _SEQUENCE_BLOCKS = 4096
+# Blocks a stream's share deals to its windows in Python ints, at most (numpy costs more on a
+# few values: a small source of a mixture of many).
+_FEW_BLOCKS = 16
 
 
 def _stream_key(seed: int, epoch: int, tag: str) -> int:
@@ -82,17 +85,25 @@ def permutation(rows: int, key: int) -> npt.NDArray[np.int64]:
     ``2^k >= rows``; a value that lands past ``rows`` is permuted again until it does not
     (cycle walking), so ``out[t] == permuted(t, rows, key)``.
     """
-    return _walk(np.arange(rows, dtype=np.uint32), rows, _round_keys(key)).astype(np.int64)
+    if rows <= 1:  # nothing to permute: no round keys
+        return np.arange(rows, dtype=np.int64)
+    # the rounds' keys from Python ints (as ``permuted``): numpy on one key costs more
+    adds = [np.array(add, dtype=np.uint32) for add, _ in _int_rounds(key)]
+    return _walk(np.arange(rows, dtype=np.uint32), rows, adds).astype(np.int64)
 
 
 def permuted(position: int, rows: int, key: int) -> int:
     """``permutation(rows, key)[position]`` without the rest: the same rounds on one Python
     int (a state names a row of every stream, and of every source of a mixture, per call)."""
+    return _permuted(position, rows, _int_rounds(key))
+
+
+def _permuted(position: int, rows: int, rounds: tuple[tuple[int, int], ...]) -> int:
+    """``permuted`` with the rounds' keys given."""
     if rows <= 1:
         return position
     bits = (rows - 1).bit_length()
     mask, shift = (1 << bits) - 1, (bits + 1) // 2
-    rounds = _int_rounds(key)
     x = position
     while True:
         for add, multiplier in rounds:
@@ -252,6 +263,17 @@ def _stratified(count: int, windows: int, key: int) -> IntArray:
     """The window of each of ``count`` blocks: every run of ``windows`` consecutive blocks
     gives each window one block, in a keyed random order, so every window samples the whole
     share evenly."""
+    if windows <= 1:  # one window: no keys to draw
+        return np.zeros(count, dtype=np.int64)
+    if count <= _FEW_BLOCKS:  # the same arithmetic on Python ints (as ``permuted``)
+        rounds = _int_rounds.__wrapped__  # not cached: a key of each stratum, used once
+        return np.array(
+            [
+                _permuted(n % windows, windows, rounds(_splitmix64_int(n // windows + key)))
+                for n in range(count)
+            ],
+            dtype=np.int64,
+        )
     stratum, place = np.divmod(np.arange(count, dtype=np.int64), windows)
     keys = splitmix64(stratum.astype(np.uint64) + np.uint64(key))
     window: IntArray = _walk(place.astype(np.uint32), windows, _round_keys(keys)).astype(np.int64)

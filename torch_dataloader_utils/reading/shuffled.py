@@ -178,15 +178,18 @@ def _read_window(
         handle = opener.open(read, lane_bytes)
         return [_conform(c) for c, _ in piece_chunks(source, read, handle, read_rows)]
 
+    blocks_of: list[list[tuple[int, int, int]]] = [[] for _ in range(len(runs))]  # as ints
+    for run, split, lo, hi in zip(run_of.tolist(), reads.splits.tolist(), reads.lo.tolist(),
+                                  reads.hi.tolist(), strict=True):  # fmt: skip
+        blocks_of[run].append((split, lo, hi))
     for run, chunks in enumerate(runs_map(decoded, range(len(runs)))):
         start = int(runs.lo[run])
-        for block in np.flatnonzero(run_of == run).tolist():
-            key = int(reads.splits[block]), int(reads.lo[block])
-            lo, hi = key[1] - start, int(reads.hi[block]) - start
+        for split, lo, hi in blocks_of[run]:
+            key = split, lo
             if key in first_row:
-                put(key, _sliced(chunks, lo, hi))
+                put(key, _sliced(chunks, lo - start, hi - start))
             else:  # a later window's part
-                carried[key] = _sliced(chunks, lo, hi, own=True)
+                carried[key] = _sliced(chunks, lo - start, hi - start, own=True)
         del chunks  # put or carried: the next run is decoded without them
     window.finish()
     return window
@@ -194,6 +197,8 @@ def _read_window(
 
 def _not_in(blocks: Pieces, carried: _Carried) -> Pieces:
     """``blocks`` but those ``carried`` holds."""
+    if not carried:
+        return blocks
     keys = zip(blocks.splits.tolist(), blocks.lo.tolist(), strict=True)
     return blocks.take(np.flatnonzero([key not in carried for key in keys]))
 
@@ -215,6 +220,8 @@ def _with_later_parts(
         keep = np.flatnonzero(np.cumsum(mine.rows) <= most)
         chosen.append(mine.take(keep))
         most -= int(mine.rows[keep].sum())
+    if len(chosen) == 1:  # no later parts: ``blocks`` are in storage order already
+        return blocks
     every = Pieces.concat(chosen)
     return every.take(np.lexsort((every.lo, every.splits)))
 
@@ -226,6 +233,9 @@ def _units_of(blocks: Pieces, index: DatasetIndex) -> list[tuple[tuple[int, int]
     triples = zip(blocks.splits.tolist(), blocks.lo.tolist(), blocks.hi.tolist(), strict=True)
     for split, lo, hi in triples:
         starts = index.unit_starts(split)
+        if len(starts) == 1:  # a split of one unit (numpy on one value costs more)
+            out.append(((split, 0), lo == 0 and hi >= int(index.split_rows[split])))
+            continue
         unit = int(np.searchsorted(starts, lo, side="right")) - 1
         end = int(starts[unit + 1]) if unit + 1 < len(starts) else int(index.split_rows[split])
         out.append(((split, unit), lo == int(starts[unit]) and hi >= end))
@@ -260,12 +270,12 @@ def _runs_of(
     if not len(blocks):
         return blocks, np.zeros(0, dtype=np.int64)
     joins = np.zeros(len(blocks), dtype=bool)
+    splits, los, his = blocks.splits.tolist(), blocks.lo.tolist(), blocks.hi.tolist()
     for i in range(1, len(blocks)):
-        split = int(blocks.splits[i])
-        if split == int(blocks.splits[i - 1]):
-            gap = unit_starts(split)
-            lo, hi = int(blocks.hi[i - 1]), int(blocks.lo[i])
-            joins[i] = not ((gap > lo) & (gap <= hi)).any()
+        if splits[i] == splits[i - 1]:
+            gap = unit_starts(splits[i])
+            # a split of one unit has no start past its first row: nothing between
+            joins[i] = len(gap) == 1 or not ((gap > his[i - 1]) & (gap <= los[i])).any()
     run_of = np.cumsum(~joins) - 1
     first = np.flatnonzero(~joins)
     last = np.append(first[1:], len(blocks)) - 1
