@@ -89,7 +89,18 @@ def permutation(rows: int, key: int) -> npt.NDArray[np.int64]:
         return np.arange(rows, dtype=np.int64)
     # the rounds' keys from Python ints (as ``permuted``): numpy on one key costs more
     adds = [np.array(add, dtype=np.uint32) for add, _ in _int_rounds(key)]
-    return _walk(np.arange(rows, dtype=np.uint32), rows, adds).astype(np.int64)
+    if rows > _CHUNK:
+        return _walk(np.arange(rows, dtype=np.uint32), rows, adds).astype(np.int64)
+    # a window of a few rows: the bijection of its whole power of two at once (fewer numpy
+    # calls than walking the values past ``rows`` round by round), then walked by look-ups
+    bits = (rows - 1).bit_length()
+    image = _rounds(np.arange(1 << bits, dtype=np.uint32), bits, adds)
+    out = image[:rows].astype(np.int64)
+    outside = np.flatnonzero(out >= rows)
+    while len(outside):
+        out[outside] = image[out[outside]]
+        outside = outside[out[outside] >= rows]
+    return out
 
 
 def permuted(position: int, rows: int, key: int) -> int:
