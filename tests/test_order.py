@@ -12,6 +12,7 @@ from torch_dataloader_utils.checkpoint.schema import Generation
 from torch_dataloader_utils.formats import FileMetadata
 from torch_dataloader_utils.index.index import DatasetIndex, IndexedFile
 from torch_dataloader_utils.index.splits import cut_splits
+from torch_dataloader_utils.planning.bijection import permutation, permuted
 from torch_dataloader_utils.planning.order import (
     _FEW_BLOCKS,
     BLOCKS_PER_WINDOW,
@@ -20,8 +21,6 @@ from torch_dataloader_utils.planning.order import (
     StreamOrder,
     _stratified,
     cut_blocks,
-    permutation,
-    permuted,
     shuffled_sequence,
 )
 from torch_dataloader_utils.planning.plan import EpochPlan, Pieces

@@ -22,7 +22,8 @@ import pyarrow as pa
 
 from ..base.stages import SHUFFLE, Stage
 from ..index.index import DatasetIndex
-from ..planning.order import ShuffledShare, permutation
+from ..planning.bijection import permutation
+from ..planning.order import ShuffledShare
 from ..planning.plan import Pieces, Position
 from .pieces import Opener, PieceSource, piece_chunks, piece_read
 from .prefetch import prefetch
