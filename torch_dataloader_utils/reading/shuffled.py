@@ -211,20 +211,26 @@ def _with_later_parts(
     ``_CARRY_WINDOWS``) that are parts of the units ``blocks`` slice, up to ``most`` rows of
     them; in storage order."""
     sliced = {unit for unit, whole in _units_of(blocks, index) if not whole}
-    chosen = [blocks]
+    parts: list[tuple[int, int, int]] = []  # as ints: a window's few blocks, Python per block
     for window in itertools.islice(later, _CARRY_WINDOWS):
         if most <= 0 or not sliced:
             break
-        mine = window.take(np.flatnonzero([u in sliced for u, _ in _units_of(window, index)]))
-        if not len(mine):  # parts of a unit are in consecutive windows: none further on
+        triples = zip(window.splits.tolist(), window.lo.tolist(), window.hi.tolist(), strict=True)
+        units = _units_of(window, index)
+        mine = [block for block, (unit, _) in zip(triples, units, strict=True) if unit in sliced]
+        if not mine:  # parts of a unit are in consecutive windows: none further on
             break
-        keep = np.flatnonzero(np.cumsum(mine.rows) <= most)
-        chosen.append(mine.take(keep))
-        most -= int(mine.rows[keep].sum())
-    if len(chosen) == 1:  # no later parts: ``blocks`` are in storage order already
+        taken = 0
+        for split, lo, hi in mine:  # the first of them, up to ``most`` rows
+            if taken + hi - lo > most:
+                break
+            parts.append((split, lo, hi))
+            taken += hi - lo
+        most -= taken
+    if not parts:  # no later parts: ``blocks`` are in storage order already
         return blocks
-    every = Pieces.concat(chosen)
-    return every.take(np.lexsort((every.lo, every.splits)))
+    own = zip(blocks.splits.tolist(), blocks.lo.tolist(), blocks.hi.tolist(), strict=True)
+    return Pieces.of(sorted([*own, *parts]))  # by split, then first row
 
 
 def _units_of(blocks: Pieces, index: DatasetIndex) -> list[tuple[tuple[int, int], bool]]:
