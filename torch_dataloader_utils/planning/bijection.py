@@ -41,8 +41,9 @@ def permutation(rows: int, key: int) -> npt.NDArray[np.int64]:
     """
     if rows <= 1:  # nothing to permute: no round keys
         return np.arange(rows, dtype=np.int64)
-    # the rounds' keys from Python ints (as ``permuted``): numpy on one key costs more
-    adds = [np.array(add, dtype=np.uint32) for add, _ in round_ints(key)]
+    # the rounds' keys from Python ints (as ``permuted``): numpy on one key costs more; not
+    # cached (a window's key is used once here: the cache holds the keys a state looks up)
+    adds = [np.array(add, dtype=np.uint32) for add, _ in round_ints.__wrapped__(key)]
     if rows > _CHUNK:
         return walk(np.arange(rows, dtype=np.uint32), rows, adds).astype(np.int64)
     # a window of a few rows: the bijection of its whole power of two at once (fewer numpy
