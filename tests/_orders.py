@@ -6,7 +6,8 @@ materialises every row, so for small data only.
 
 from __future__ import annotations
 
-from torch_dataloader_utils.planning.order import StreamOrder, permutation
+from torch_dataloader_utils.planning.bijection import permutation
+from torch_dataloader_utils.planning.order import StreamOrder
 
 
 def stream_rows(order: StreamOrder) -> list[tuple[int, int]]:

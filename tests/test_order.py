@@ -12,14 +12,15 @@ from torch_dataloader_utils.checkpoint.schema import Generation
 from torch_dataloader_utils.formats import FileMetadata
 from torch_dataloader_utils.index.index import DatasetIndex, IndexedFile
 from torch_dataloader_utils.index.splits import cut_splits
+from torch_dataloader_utils.planning.bijection import permutation, permuted
 from torch_dataloader_utils.planning.order import (
+    _FEW_BLOCKS,
     BLOCKS_PER_WINDOW,
     Shuffle,
     ShuffledShare,
     StreamOrder,
+    _stratified,
     cut_blocks,
-    permutation,
-    permuted,
     shuffled_sequence,
 )
 from torch_dataloader_utils.planning.plan import EpochPlan, Pieces
@@ -39,6 +40,19 @@ def test_permutation_is_pinned() -> None:
     assert permutation(10, 0).tolist() == [7, 8, 5, 3, 9, 6, 2, 0, 1, 4]
     assert permutation(10, 12345).tolist() == [3, 6, 9, 2, 4, 8, 0, 5, 7, 1]
     assert permutation(1000, 7)[:8].tolist() == [560, 257, 324, 887, 31, 182, 482, 785]
+
+
+@given(st.integers(2, 40), st.integers(0, 2**64 - 1))
+def test_a_few_blocks_are_dealt_to_windows_as_many_are(windows: int, key: int) -> None:
+    """A share of a few blocks deals them in Python ints, of more in numpy: the same deal."""
+    many = _stratified(_FEW_BLOCKS + windows, windows, key).tolist()
+    assert _stratified(_FEW_BLOCKS, windows, key).tolist() == many[:_FEW_BLOCKS]
+
+
+def test_the_deal_to_windows_is_pinned() -> None:
+    assert _stratified(12, 3, 12345).tolist() == [2, 1, 0, 2, 0, 1, 0, 2, 1, 1, 2, 0]
+    assert _stratified(5, 2, 2**64 - 1).tolist() == [0, 1, 0, 1, 1]
+    assert _stratified(3, 1, 7).tolist() == [0, 0, 0]
 
 
 def test_permutation_looks_uniform() -> None:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from torch_dataloader_utils.base.world import World
 from torch_dataloader_utils.checkpoint.schema import Generation
 from torch_dataloader_utils.index.splits import Split, cut_splits
-from torch_dataloader_utils.planning.order import permutation
+from torch_dataloader_utils.planning.bijection import permutation
 from torch_dataloader_utils.planning.plan import EpochPlan, Pieces, deal
 
 # One file: a list of (bytes, rows) per unit; rows may be 0 (empty row groups exist).

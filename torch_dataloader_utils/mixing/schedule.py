@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from ..planning.order import permutation
+from ..planning.bijection import permutation
 
 __all__ = ["MAX_BLOCK", "MAX_PERIOD", "Interleave", "Schedule"]
 

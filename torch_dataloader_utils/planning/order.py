@@ -12,7 +12,7 @@ the windows are alike, and a sliced unit's parts are needed by consecutive windo
 the reader decode it once. A window's rows (its blocks in storage order, concatenated) are
 delivered in a keyed random permutation.
 
-Everything is integer arithmetic of our own (xxhash, splitmix64, a multiply-xorshift bijection),
+Everything is integer arithmetic of our own (xxhash, splitmix64, ``planning.bijection``),
 so every platform and numpy version computes the same order, and every worker, rank and resumed
 job recomputes it from ``(shuffle_seed, epoch, files, settings)`` without communication.
 """
@@ -22,15 +22,23 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import xxhash
 
 from ..base.arrays import IntArray
 from ..index.index import DatasetIndex
+from .bijection import (
+    permutation,
+    permuted,
+    permuted_by,
+    round_ints,
+    round_keys,
+    splitmix64_int,
+    walk,
+)
 from .plan import EpochPlan, Pieces, splitmix64
 
 __all__ = [
@@ -39,8 +47,6 @@ __all__ = [
     "ShuffledShare",
     "StreamOrder",
     "cut_blocks",
-    "permutation",
-    "permuted",
     "shuffled_sequence",
 ]
 
@@ -60,109 +66,16 @@ _MIN_SLICE_ROWS = 256
 # the units it decodes (a window's rows at most), so a unit is decoded about once: more
 # places would need more parts per unit, so more carried rows or more decoding.
 _MIN_PLACES = 24
-# The bijection's multipliers (odd) and the rows it permutes at a time (fits the L2 cache).
-_MULTIPLIERS = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F)
-_CHUNK = 1 << 15
 # A shuffled epoch's sequence is cut into at least about this many blocks (units allowing).
 _SEQUENCE_BLOCKS = 4096
+# Blocks a stream's share deals to its windows in Python ints, at most (numpy costs more on a
+# few values: a small source of a mixture of many).
+_FEW_BLOCKS = 16
 
 
 def _stream_key(seed: int, epoch: int, tag: str) -> int:
     """The 64-bit key of one stream's order in one epoch (``tag`` names the stream)."""
     return int(xxhash.xxh64_intdigest(f"{seed}:{epoch}:{tag}".encode()))
-
-
-_MASK64 = 0xFFFFFFFFFFFFFFFF
-
-
-def permutation(rows: int, key: int) -> npt.NDArray[np.uint32]:
-    """A keyed random permutation of ``range(rows)``: position ``t`` delivers row ``out[t]``
-    (``uint32``: a window's is held while the window is handed out, at 4 bytes a row).
-
-    Four rounds of add-key, multiply by an odd constant and xor-shift permute the power of two
-    ``2^k >= rows``; a value that lands past ``rows`` is permuted again until it does not
-    (cycle walking), so ``out[t] == permuted(t, rows, key)``.
-    """
-    return _walk(np.arange(rows, dtype=np.uint32), rows, _round_keys(key))
-
-
-def permuted(position: int, rows: int, key: int) -> int:
-    """``permutation(rows, key)[position]`` without the rest: the same rounds on one Python
-    int (a state names a row of every stream, and of every source of a mixture, per call)."""
-    if rows <= 1:
-        return position
-    bits = (rows - 1).bit_length()
-    mask, shift = (1 << bits) - 1, (bits + 1) // 2
-    rounds = _int_rounds(key)
-    x = position
-    while True:
-        for add, multiplier in rounds:
-            x = ((x + add) & mask) * multiplier & mask
-            x ^= x >> shift
-        if x < rows:
-            return x
-
-
-@lru_cache(maxsize=16384)
-def _int_rounds(key: int) -> tuple[tuple[int, int], ...]:
-    """``(add, multiplier)`` of each round keyed by ``key``, as Python ints (a state asks for
-    the same keys, a window of each of its streams of each source, at every call)."""
-    return tuple(
-        (_splitmix64_int(key + n) & 0xFFFFFFFF, multiplier)
-        for n, multiplier in enumerate(_MULTIPLIERS)
-    )
-
-
-def _round_keys(key: int | npt.NDArray[np.uint64]) -> list[npt.NDArray[np.uint32]]:
-    """What each round of the bijection keyed by ``key`` (one, or one per value) adds."""
-    keys = np.asarray(key, dtype=np.uint64)
-    return [
-        (splitmix64(keys + np.uint64(n)) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-        for n in range(len(_MULTIPLIERS))
-    ]
-
-
-def _walk(
-    x: npt.NDArray[np.uint32], rows: int, adds: list[npt.NDArray[np.uint32]]
-) -> npt.NDArray[np.uint32]:
-    """The bijection of round keys ``adds`` applied to ``x`` (values below ``rows``) until
-    each lands below ``rows``: ``_CHUNK`` values at a time, in cache, then the values still
-    past ``rows`` all together (walking each chunk's few stragglers alone costs more)."""
-    if rows <= 1:
-        return x
-    bits = int(rows - 1).bit_length()
-    for first in range(0, len(x), _CHUNK):
-        part = slice(first, first + _CHUNK)
-        _rounds(x[part], bits, [a if a.ndim == 0 else a[part] for a in adds])
-    outside = np.flatnonzero(x >= rows)
-    while len(outside):
-        x[outside] = _rounds(x[outside], bits, [a if a.ndim == 0 else a[outside] for a in adds])
-        outside = outside[x[outside] >= rows]
-    return x
-
-
-def _rounds(
-    x: npt.NDArray[np.uint32], bits: int, adds: list[npt.NDArray[np.uint32]]
-) -> npt.NDArray[np.uint32]:
-    """The rounds of the bijection on ``bits`` bits applied to ``x`` in place (returned)."""
-    mask = np.uint32((1 << bits) - 1)
-    shift = np.uint32((bits + 1) // 2)
-    shifted = np.empty_like(x)
-    for add, multiplier in zip(adds, _MULTIPLIERS, strict=True):
-        x += add  # no mask before the product: its low bits depend on low bits only
-        x *= np.uint32(multiplier)
-        x &= mask
-        np.right_shift(x, shift, out=shifted)
-        x ^= shifted
-    return x
-
-
-def _splitmix64_int(value: int) -> int:
-    """``splitmix64`` of one Python int (modulo 2^64), in Python ints."""
-    z = value * 0x9E3779B97F4A7C15 & _MASK64
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK64
-    return z ^ (z >> 31)
 
 
 def cut_blocks(
@@ -253,9 +166,20 @@ def _stratified(count: int, windows: int, key: int) -> IntArray:
     """The window of each of ``count`` blocks: every run of ``windows`` consecutive blocks
     gives each window one block, in a keyed random order, so every window samples the whole
     share evenly."""
+    if windows <= 1:  # one window: no keys to draw
+        return np.zeros(count, dtype=np.int64)
+    if count <= _FEW_BLOCKS:  # the same arithmetic on Python ints (as ``permuted``)
+        rounds = round_ints.__wrapped__  # not cached: a key of each stratum, used once
+        return np.array(
+            [
+                permuted_by(n % windows, windows, rounds(splitmix64_int(n // windows + key)))
+                for n in range(count)
+            ],
+            dtype=np.int64,
+        )
     stratum, place = np.divmod(np.arange(count, dtype=np.int64), windows)
     keys = splitmix64(stratum.astype(np.uint64) + np.uint64(key))
-    window: IntArray = _walk(place.astype(np.uint32), windows, _round_keys(keys)).astype(np.int64)
+    window: IntArray = walk(place.astype(np.uint32), windows, round_keys(keys)).astype(np.int64)
     return window
 
 
@@ -353,7 +277,7 @@ class ShuffledShare:
             part = self.blocks.take(slice(int(self.bounds[number]), int(self.bounds[number + 1])))
             order = np.lexsort((part.lo, part.splits))
             begin = int(self.ends[number - 1]) if number else 0
-            kept = part.take(order), begin, _splitmix64_int(self.key + number + 1)
+            kept = part.take(order), begin, splitmix64_int(self.key + number + 1)
             self._kept.clear()
             self._kept[number] = kept
         return kept

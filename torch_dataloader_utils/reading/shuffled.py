@@ -22,7 +22,8 @@ import pyarrow as pa
 
 from ..base.stages import SHUFFLE, Stage
 from ..index.index import DatasetIndex
-from ..planning.order import ShuffledShare, permutation
+from ..planning.bijection import permutation
+from ..planning.order import ShuffledShare
 from ..planning.plan import Pieces, Position
 from .pieces import Opener, PieceSource, piece_chunks, piece_read
 from .prefetch import prefetch
@@ -178,15 +179,18 @@ def _read_window(
         handle = opener.open(read, lane_bytes)
         return [_conform(c) for c, _ in piece_chunks(source, read, handle, read_rows)]
 
+    blocks_of: list[list[tuple[int, int, int]]] = [[] for _ in range(len(runs))]  # as ints
+    for run, split, lo, hi in zip(run_of.tolist(), reads.splits.tolist(), reads.lo.tolist(),
+                                  reads.hi.tolist(), strict=True):  # fmt: skip
+        blocks_of[run].append((split, lo, hi))
     for run, chunks in enumerate(runs_map(decoded, range(len(runs)))):
         start = int(runs.lo[run])
-        for block in np.flatnonzero(run_of == run).tolist():
-            key = int(reads.splits[block]), int(reads.lo[block])
-            lo, hi = key[1] - start, int(reads.hi[block]) - start
+        for split, lo, hi in blocks_of[run]:
+            key = split, lo
             if key in first_row:
-                put(key, _sliced(chunks, lo, hi))
+                put(key, _sliced(chunks, lo - start, hi - start))
             else:  # a later window's part
-                carried[key] = _sliced(chunks, lo, hi, own=True)
+                carried[key] = _sliced(chunks, lo - start, hi - start, own=True)
         del chunks  # put or carried: the next run is decoded without them
     window.finish()
     return window
@@ -194,6 +198,8 @@ def _read_window(
 
 def _not_in(blocks: Pieces, carried: _Carried) -> Pieces:
     """``blocks`` but those ``carried`` holds."""
+    if not carried:
+        return blocks
     keys = zip(blocks.splits.tolist(), blocks.lo.tolist(), strict=True)
     return blocks.take(np.flatnonzero([key not in carried for key in keys]))
 
@@ -205,18 +211,26 @@ def _with_later_parts(
     ``_CARRY_WINDOWS``) that are parts of the units ``blocks`` slice, up to ``most`` rows of
     them; in storage order."""
     sliced = {unit for unit, whole in _units_of(blocks, index) if not whole}
-    chosen = [blocks]
+    parts: list[tuple[int, int, int]] = []  # as ints: a window's few blocks, Python per block
     for window in itertools.islice(later, _CARRY_WINDOWS):
         if most <= 0 or not sliced:
             break
-        mine = window.take(np.flatnonzero([u in sliced for u, _ in _units_of(window, index)]))
-        if not len(mine):  # parts of a unit are in consecutive windows: none further on
+        triples = zip(window.splits.tolist(), window.lo.tolist(), window.hi.tolist(), strict=True)
+        units = _units_of(window, index)
+        mine = [block for block, (unit, _) in zip(triples, units, strict=True) if unit in sliced]
+        if not mine:  # parts of a unit are in consecutive windows: none further on
             break
-        keep = np.flatnonzero(np.cumsum(mine.rows) <= most)
-        chosen.append(mine.take(keep))
-        most -= int(mine.rows[keep].sum())
-    every = Pieces.concat(chosen)
-    return every.take(np.lexsort((every.lo, every.splits)))
+        taken = 0
+        for split, lo, hi in mine:  # the first of them, up to ``most`` rows
+            if taken + hi - lo > most:
+                break
+            parts.append((split, lo, hi))
+            taken += hi - lo
+        most -= taken
+    if not parts:  # no later parts: ``blocks`` are in storage order already
+        return blocks
+    own = zip(blocks.splits.tolist(), blocks.lo.tolist(), blocks.hi.tolist(), strict=True)
+    return Pieces.of(sorted([*own, *parts]))  # by split, then first row
 
 
 def _units_of(blocks: Pieces, index: DatasetIndex) -> list[tuple[tuple[int, int], bool]]:
@@ -226,6 +240,9 @@ def _units_of(blocks: Pieces, index: DatasetIndex) -> list[tuple[tuple[int, int]
     triples = zip(blocks.splits.tolist(), blocks.lo.tolist(), blocks.hi.tolist(), strict=True)
     for split, lo, hi in triples:
         starts = index.unit_starts(split)
+        if len(starts) == 1:  # a split of one unit (numpy on one value costs more)
+            out.append(((split, 0), lo == 0 and hi >= int(index.split_rows[split])))
+            continue
         unit = int(np.searchsorted(starts, lo, side="right")) - 1
         end = int(starts[unit + 1]) if unit + 1 < len(starts) else int(index.split_rows[split])
         out.append(((split, unit), lo == int(starts[unit]) and hi >= end))
@@ -260,12 +277,12 @@ def _runs_of(
     if not len(blocks):
         return blocks, np.zeros(0, dtype=np.int64)
     joins = np.zeros(len(blocks), dtype=bool)
+    splits, los, his = blocks.splits.tolist(), blocks.lo.tolist(), blocks.hi.tolist()
     for i in range(1, len(blocks)):
-        split = int(blocks.splits[i])
-        if split == int(blocks.splits[i - 1]):
-            gap = unit_starts(split)
-            lo, hi = int(blocks.hi[i - 1]), int(blocks.lo[i])
-            joins[i] = not ((gap > lo) & (gap <= hi)).any()
+        if splits[i] == splits[i - 1]:
+            gap = unit_starts(splits[i])
+            # a split of one unit has no start past its first row: nothing between
+            joins[i] = len(gap) == 1 or not ((gap > his[i - 1]) & (gap <= los[i])).any()
     run_of = np.cumsum(~joins) - 1
     first = np.flatnonzero(~joins)
     last = np.append(first[1:], len(blocks)) - 1

@@ -225,7 +225,7 @@ class StreamSource:
 
     def lane_bytes(self) -> int:
         """Bytes a run of a shuffle window fetches at a time (twice that in flight)."""
-        return int(np.clip(self.memory_bytes // 8, _MIN_LANE_BYTES, WINDOW))
+        return min(max(self.memory_bytes // 8, _MIN_LANE_BYTES), WINDOW)
 
 
 class ChunkSource(Protocol):
@@ -264,7 +264,7 @@ class ChunkSource(Protocol):
 def chunk_rows(row_bytes: int, batch_size: int) -> int:
     """Rows per chunk of rows of ``row_bytes`` (decoded) read in order: about ``_READ_BYTES``,
     at least a batch."""
-    rows = int(np.clip(_READ_BYTES // max(1, row_bytes), _MIN_CHUNK_ROWS, _MAX_READ_ROWS))
+    rows = min(max(_READ_BYTES // max(1, row_bytes), _MIN_CHUNK_ROWS), _MAX_READ_ROWS)
     return max(batch_size, rows)
 
 

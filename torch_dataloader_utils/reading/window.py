@@ -19,6 +19,7 @@ columns are strided views of the records, which that copy reads).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -60,7 +61,7 @@ class Window:
             self.schema = part.schema
             every = range(len(part.schema))
             self._plain = [i for i in every if is_number(part.schema.field(i).type)]
-            self._dtype = _record_dtype(part.schema, self._plain)
+            self._dtype = _record_dtype(part.schema, tuple(self._plain))  # kept: every window
             self._records = pooled(self.num_rows, self._dtype)
             self._held = {i: [] for i in every if i not in self._plain}
         for i in [i for i in self._plain if part.column(i).null_count]:
@@ -232,7 +233,8 @@ def _covers(puts: list[tuple[int, int]], rows: int) -> bool:
     return row == rows
 
 
-def _record_dtype(schema: pa.Schema, plain: list[int]) -> np.dtype[np.void]:
+@lru_cache(maxsize=64)
+def _record_dtype(schema: pa.Schema, plain: tuple[int, ...]) -> np.dtype[np.void]:
     """One record of the ``plain`` columns (fields ``c<column>``), widest first so that every
     field is aligned to its size, padded to a multiple of the widest (records stay aligned)."""
     widths = {i: int(schema.field(i).type.bit_width) // 8 for i in plain}
