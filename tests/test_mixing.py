@@ -31,10 +31,10 @@ from torch_dataloader_utils import (
     TokenPacking,
 )
 from torch_dataloader_utils.mixing import stream as _mix_stream
+from torch_dataloader_utils.mixing.assemble import interleaved
 from torch_dataloader_utils.mixing.phases import phase_interleave, phase_sources, phases, stream_end
 from torch_dataloader_utils.mixing.schedule import MAX_PERIOD, Interleave, Schedule
 from torch_dataloader_utils.mixing.state import encode_mixture
-from torch_dataloader_utils.mixing.stream import _interleaved
 from torch_dataloader_utils.planning.epochs import Start
 
 # Source s holds ids s * _SPAN + [0, rows): a row's id tells its source and row.
@@ -1130,7 +1130,7 @@ def test_interleaving_puts_every_source_row_at_its_schedule_place(sources: int, 
         cuts = sorted(data.draw(st.lists(st.integers(0, len(values)), max_size=3)))
         bounds = [0, *cuts, len(values)]
         parts.append([batch.slice(lo, hi - lo) for lo, hi in itertools.pairwise(bounds)])
-    mixed = _interleaved(parts, Interleave.of(ids, sources), schema, "source")
+    mixed = interleaved(parts, Interleave.of(ids, sources), schema, "source")
     assert mixed.schema.names == ["v", "f", "t", "s", "source"]
     expected = np.empty(len(ids), dtype=np.int64)
     for s in range(sources):

@@ -12,8 +12,7 @@ import pytest
 from test_mixing import state_after, stream_batches, write_source
 
 from torch_dataloader_utils import CheckpointMismatchError, InvalidStateError, StructuredDataset
-from torch_dataloader_utils.mixing.compact import SHARED_KEYS
-from torch_dataloader_utils.mixing.epochs import source_seed
+from torch_dataloader_utils.mixing.compact import SHARED_KEYS, source_seed
 from torch_dataloader_utils.mixing.state import expanded
 
 SOURCES, ROWS, WORKERS, STOP = 200, 10, 2, 30

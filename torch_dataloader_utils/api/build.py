@@ -15,7 +15,8 @@ from ..checkpoint import distributed
 from ..formats import get_format
 from ..index.build import build_index
 from ..index.index import DatasetIndex
-from ..mixing.epochs import MixedEpochs, source_seed
+from ..mixing.compact import source_seed
+from ..mixing.epochs import MixedEpochs
 from ..mixing.schedule import MAX_BLOCK, Schedule
 from ..mixing.source import (
     MAX_EPOCH_SIZE,

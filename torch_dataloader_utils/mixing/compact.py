@@ -7,7 +7,7 @@ Each source's state is its state as a dataset of its own (``checkpoint.state``),
   state's ``source_settings``, with (``"root"``) the start all the sources' ``files.root`` share
   (each source's holds the rest);
 - ``_shuffle_seed``, when it is the one the mixture's seed gives the source
-  (``mixing.epochs.source_seed`` of ``_mixture.schedule_seed`` and the source's name);
+  (``source_seed`` of ``_mixture.schedule_seed`` and the source's name);
 - of a source of one file, ``files`` but for ``{"file": [name, fingerprint], "root"}`` (its
   count, digest and group follow from them), and of each stream's place the file's name and
   fingerprint: ``[position, tokens, rows, row_offset, row_length, row]``;
@@ -23,10 +23,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..base.errors import InvalidStateError
-from ..index.index import DatasetIndex, digest
+import xxhash
 
-__all__ = ["ROOT", "SHARED_KEYS", "whole_source", "written_once", "written_streams"]
+from ..base.errors import InvalidStateError
+from ..index.index import MAX_FILE_GROUPS, DatasetIndex, digest
+from ..planning.epochs import Epochs, Progress, Start
+
+__all__ = [
+    "ROOT",
+    "SHARED_KEYS",
+    "SettingsStates",
+    "settings_states",
+    "source_seed",
+    "whole_source",
+    "written_once",
+    "written_streams",
+]
 
 # Keys of a source's state that a mixture's state writes once when every source's are alike.
 SHARED_KEYS = (
@@ -36,13 +48,37 @@ SHARED_KEYS = (
 )  # fmt: skip
 # The key of ``source_settings`` holding the start every source's ``files.root`` shares.
 ROOT = "root"
+# What every source's state holds alike, and each source's own settings and files.
+SettingsStates = tuple[dict[str, Any], tuple[dict[str, Any], ...]]
 # A source's keys a mixture's state writes per call (its progress), not with its settings.
 _PROGRESS_KEYS = ("epoch", "streams")
 
 
+def source_seed(seed: int, name: str) -> int:
+    """The shuffle seed of source ``name``: its order is its own, not its neighbours'."""
+    return xxhash.xxh64_intdigest(f"{seed}:{name}".encode()) >> 1
+
+
+def settings_states(
+    sources: Sequence[Epochs], names: Sequence[str], seed: int, num_workers: int
+) -> SettingsStates:
+    """Each source's state as a dataset of its own, but for its epoch and streams: its files
+    and settings, split into what every source's holds alike and each one's own, as a state
+    writes them (``written_once``; ``seed``: the mixture's). The mixture's files make at most
+    ``MAX_FILE_GROUPS`` groups, as one dataset's do: each source's get their share."""
+    states = []
+    for epochs in sources:
+        plan = epochs.plan(Start.fresh(0), num_workers)
+        state = epochs.encode(Progress(plan, epochs.settings(num_workers), {}, ()))
+        state["files"]["groups"] = epochs.index.file_groups(max(1, MAX_FILE_GROUPS // len(sources)))
+        states.append(state)
+    seeds = [source_seed(seed, name) for name in names]
+    return written_once(states, [epochs.index for epochs in sources], seeds)
+
+
 def written_once(
     states: Sequence[dict[str, Any]], indexes: Sequence[DatasetIndex], seeds: Sequence[int]
-) -> tuple[dict[str, Any], tuple[dict[str, Any], ...]]:
+) -> SettingsStates:
     """The sources' ``states`` (their settings and files, of ``indexes``), split into what every
     one holds alike and each one's own, without what the state says elsewhere (``seeds``: the
     shuffle seed the mixture's seed gives each)."""

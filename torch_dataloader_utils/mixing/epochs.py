@@ -23,18 +23,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import xxhash
 
 from ..base.arrays import IntArray
 from ..base.errors import EpochStartError, InvalidStateError
 from ..checkpoint.checks import check_setting
 from ..checkpoint.state import stream_list
-from ..index.index import MAX_FILE_GROUPS
 from ..planning.config import DatasetConfig
 from ..planning.epochs import Epochs, Progress, Start
 from ..planning.order import StreamOrder
 from ..planning.plan import Deal, Pieces
-from .compact import written_once
+from .compact import SettingsStates, settings_states
 from .phases import Phase, phase_counts, phase_interleave, phase_sources, stream_end
 from .places import MixPosition, SourcePlace, SourceRest
 from .schedule import Interleave
@@ -45,7 +43,6 @@ __all__ = [
     "AnyProgress",
     "MixedEpochs",
     "MixedProgress",
-    "source_seed",
 ]
 
 # A packed mixture's sources stand where the tokens read put them: known by reading, not by
@@ -60,13 +57,6 @@ NO_CARRY = (
 
 # Stream orders a mixture keeps at least (its epoch and the next of each source and stream).
 _KEPT_ORDERS = 256
-# What every source's state holds alike, and each source's own settings and files.
-SettingsStates = tuple[dict[str, Any], tuple[dict[str, Any], ...]]
-
-
-def source_seed(seed: int, name: str) -> int:
-    """The shuffle seed of source ``name``: its order is its own, not its neighbours'."""
-    return xxhash.xxh64_intdigest(f"{seed}:{name}".encode()) >> 1
 
 
 _NO_REST = SourceRest()
@@ -430,23 +420,13 @@ class MixedEpochs:
         return int(per_stream.sum())
 
     def source_states(self, num_workers: int) -> SettingsStates:
-        """Each source's state as a dataset of its own, but for its epoch and streams: its files
-        and settings (the same at every call, so made once), split into what every source's
-        holds alike and each one's own, as a state writes them (``mixing.compact``). The
-        mixture's files make at most ``MAX_FILE_GROUPS`` groups, as one dataset's do: each
-        source's get their share."""
+        """Each source's settings and files as a state writes them (``mixing.compact``): the
+        same at every call, so made once."""
         key = (num_workers, self.timeline.schedule.seed)
         if key not in self._settings_states:
-            states = []
-            for epochs in self.sources:
-                plan = epochs.plan(Start.fresh(0), num_workers)
-                state = epochs.encode(Progress(plan, epochs.settings(num_workers), {}, ()))
-                groups = max(1, MAX_FILE_GROUPS // len(self.sources))
-                state["files"]["groups"] = epochs.index.file_groups(groups)
-                states.append(state)
-            seeds = [source_seed(key[1], name) for name in self.names]
-            indexes = [epochs.index for epochs in self.sources]
-            self._settings_states[key] = written_once(states, indexes, seeds)
+            self._settings_states[key] = settings_states(
+                self.sources, self.names, self.timeline.schedule.seed, num_workers
+            )
         return self._settings_states[key]
 
 

@@ -52,8 +52,8 @@ from ..checkpoint.schema import (
     decode_generation,
     encode_generation,
 )
-from .compact import ROOT, SHARED_KEYS, whole_source, written_streams
-from .epochs import MixedEpochs, MixedProgress, source_seed
+from .compact import ROOT, SHARED_KEYS, source_seed, whole_source, written_streams
+from .epochs import MixedEpochs, MixedProgress
 from .places import SourceRest
 from .schedule import Schedule
 from .source import MAX_EPOCH_SIZE
