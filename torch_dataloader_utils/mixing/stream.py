@@ -27,7 +27,7 @@ from ..reading.bestfit import (
 from ..reading.packing import Columns, Pending, documents
 from ..reading.prefetch import prefetch
 from ..reading.runs import Chunk
-from ..reading.stream import GATHER_ROWS, SourceFiles, chunk_rows
+from ..reading.stream import SourceFiles, chunk_rows
 from .assemble import interleaved, mixed_sequences
 from .epochs import MixedProgress
 from .places import MixPosition
@@ -37,6 +37,13 @@ __all__ = ["MixedSource"]
 # Mixed positions assembled at a time, at most (at least a batch): one scatter of every column
 # per chunk.
 _MIX_ROWS = 65_536
+# A mixed chunk and its interleave (``_PLACE_BYTES`` a position) take at most this part of the
+# stream's budget: a stream holds about three (read ahead, being cut into batches, handed
+# out), so at the default budget chunks stay at ``_MIX_ROWS`` (fewer cost throughput: 0.78
+# -> 0.70 of one dataset for 3 shuffled sources at 16,384), and at a small one they do not
+# outweigh the windows (16 MiB, 100 sources: 2.5 MiB a stream at 65,536).
+_CHUNK_SHARE = 32
+_PLACE_BYTES = 16
 # Rows of a source's chunk, at least, in a mixed stream: each source holds one (gathered from
 # its window), so at 1,000 sources 256 rows held 5 MiB; fewer cost a gather call more often.
 _MIN_FEED_ROWS = 64
@@ -76,16 +83,13 @@ class MixedSource:
         )
 
     def read_rows(self, batch_size: int) -> int:
-        """Positions mixed at a time, as one dataset's stream hands out rows: a chunk of the
-        widest source read in order, shuffled at most a window's gather (``GATHER_ROWS``: a
-        mixed chunk and its interleave are held, 3 MiB more a stream at 65,536); at most
-        ``_MIX_ROWS``, at least a batch."""
+        """Positions mixed at a time: as many as a chunk of the widest source read in order,
+        at most ``_MIX_ROWS``, and (with their interleave) at most ``1 / _CHUNK_SHARE`` of
+        the stream's budget; at least a batch."""
         mix = self.progress.mix
         widest = max(epochs.index.row_bytes() for epochs in mix.sources)
-        rows = min(_MIX_ROWS, chunk_rows(widest, batch_size))
-        if mix.config.shuffle:
-            rows = min(rows, GATHER_ROWS)
-        return max(batch_size, rows)
+        budget = mix.config.shuffle_memory_bytes // (_CHUNK_SHARE * (widest + _PLACE_BYTES))
+        return max(batch_size, min(_MIX_ROWS, chunk_rows(widest, batch_size), budget))
 
     def chunks(
         self, start: Position, min_rows: int, read_ahead: int = 0, *, rows: bool = False

@@ -44,7 +44,7 @@ from .shuffled import shuffled_chunks
 from .tokenizing import tokenized
 from .window import Rows
 
-__all__ = ["GATHER_ROWS", "ChunkSource", "SourceFiles", "StreamSource", "chunk_rows", "read_stream"]
+__all__ = ["ChunkSource", "SourceFiles", "StreamSource", "chunk_rows", "read_stream"]
 
 # Rows per decoded chunk, at least this many whatever the row width.
 _MIN_CHUNK_ROWS = 256
@@ -56,7 +56,7 @@ _MAX_READ_ROWS = 65_536
 # Bytes a window's run of blocks fetches at a time, at least (one GET per group).
 _MIN_LANE_BYTES = 2**20
 # Rows gathered from a shuffle window at a time, at most (and at most a chunk read in order).
-GATHER_ROWS = 16_384
+_GATHER_ROWS = 16_384
 # A stream's files' parsed footers are held within this part of its budget (``index.parsed``).
 _FOOTER_SHARE = 8
 
@@ -313,7 +313,7 @@ def _chunks(
     if source.order.plan.previous is not None:
         return _rest_chunks(source, start, read_rows, read_ahead)
     if source.order.shuffled is not None:
-        gather_rows = min(read_rows, GATHER_ROWS)
+        gather_rows = min(read_rows, _GATHER_ROWS)
         return shuffled_chunks(source, source.order.shuffled, start, gather_rows, read_ahead)
     return _ordered_chunks(source, start, read_rows)
 
