@@ -207,7 +207,7 @@ def test_a_cursor_past_the_workers_is_refused_when_loaded(
     ("field_of_code", "value", "message"),
     [
         # OverflowError: Python int too large to convert to C long, at the first iteration
-        ("fresh", 2**63, r"'sources.code.epochs' .* and '.fresh' \(9223372036854775808\)"),
+        ("fresh", 2**63, r"'sources.code.rests' and '.fresh' .* fresh 9223372036854775808"),
         # "its parts do not fit together (KeyError: 0)"
         ("streams", [None], r"'sources.code.streams\[0\]' is null, but 'streams\[0\]' holds"),
     ],
@@ -236,3 +236,62 @@ def test_a_packed_source_out_of_step_is_refused_by_name(
     )
     with pytest.raises(InvalidStateError, match=message):
         fresh.load_state_dict(state)
+
+
+@pytest.fixture(scope="module")
+def after_elastic(saved: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    """A state saved 2 batches after the 2 ranks' states resumed elastically onto 1 rank of
+    2 workers (each source's ``rests`` and ``fresh``, the segment's positions dealt), with
+    what the uninterrupted iteration delivers after it."""
+    loader = loader_of(saved["paths"], 2)
+    loader.load_state_dict(saved["elastic"][0], elastic=True)
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    state = expanded(json.loads(json.dumps(loader.state_dict())))  # each key written
+    return state, rest(it)
+
+
+def test_a_state_saved_after_an_elastic_resume_resumes_exactly(
+    after_elastic: tuple[dict[str, Any], list[int]], saved: dict[str, Any]
+) -> None:
+    state, expected = after_elastic
+    for name in ("web", "code"):  # each source's epoch 0 left, its epoch 1 the next dealt
+        rests = state["sources"][name]["rests"]
+        assert ([e for e, _ in rests], state["sources"][name]["fresh"]) == ([0], 1)
+    assert state["_mixture"]["segment"] == [0, [], {}, [30, 30]]  # 60 positions left
+    loader = loader_of(saved["paths"], 2)
+    loader.load_state_dict(state)
+    assert rest(loader) == expected
+    assert len(expected) == 52
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("sources", "web", "fresh"), 2, r"'sources.web.rests' .* got epochs \[0\] and fresh 2"),
+        (("sources", "web", "fresh"), 0, r"'sources.web.rests' .* got epochs \[0\] and fresh 0"),
+        (("sources", "web", "rests"), "twice", r"'sources.web.rests' .* got epochs \[0, 0\]"),
+        (("_mixture", "segment", 3), [29, 30], r"'_mixture.segment' gives the streams \[29, 30\]"),
+        (("_mixture", "segment", 3), [30, 31], r"'_mixture.segment' gives the streams \[30, 31\]"),
+        (("_mixture", "segment", 3), [34, 30], r"'_mixture.segment' gives the streams \[34, 30\]"),
+    ],
+)  # fmt: skip
+def test_a_state_edited_after_an_elastic_resume_is_refused_by_name(
+    after_elastic: tuple[dict[str, Any], list[int]],
+    saved: dict[str, Any],
+    path: Path_,
+    value: Any,
+    message: str,
+) -> None:
+    """Each edit loaded and delivered other rows (other ids of web in the 52, or one more or
+    fewer): the rest epochs increase, ``fresh`` is the one after the last, and the positions
+    an elastic resume dealt are one deal (the larger first, at most one apart, or a batch).
+    (A deal of another number of positions left -- [31, 30], [30, 29], or one stream's any
+    number -- is a valid state of another old job: the state does not keep that number.)"""
+    corrupt = copy.deepcopy(after_elastic[0])
+    parent = field(corrupt, path[:-1])
+    parent[path[-1]] = [*parent[path[-1]]] * 2 if value == "twice" else value
+    loader = loader_of(saved["paths"], 2)
+    with pytest.raises(InvalidStateError, match=message + r".*: the state is corrupted"):
+        loader.load_state_dict(corrupt)

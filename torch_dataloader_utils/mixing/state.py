@@ -20,7 +20,8 @@ A mixture's state is plain JSON-safe builtins::
                   and per worker stream its place in its share of the source's epoch, by
                   content), whose "epoch" is the source epoch of the first stream, and
                   "epochs": the source epoch of each worker stream, "rests" and "fresh":
-                  the source's epochs an elastic resume left (``SourceRest``); the source's
+                  the source's epochs an elastic resume left (``SourceRest``: increasing,
+                  "fresh" the one after the last, 0 without any); the source's
                   files make at most max(1, 256 // number of sources) groups. Written
                   without what the rest of the state says (``mixing.compact``): no
                   "_shuffle_seed" when the mixture's seed gives it, "files.root" below
@@ -41,6 +42,7 @@ state read and validated against the job: ``mixing.read``; its places checked: `
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -221,6 +223,7 @@ def stored_timeline(state: Mapping[str, Any]) -> Timeline:
             f"[positions of that epoch per worker]], each list empty or of one entry per "
             f"worker stream ({streams}), got {segment!r:.200}"
         )
+    _check_dealt(segment[1], segment[3])
     if (state["epoch"] + 1) * rows > MAX_POSITION:
         raise InvalidStateError(
             f"state key 'epoch' is {state['epoch']}: epochs of {rows} positions put it past "
@@ -268,6 +271,22 @@ def stored_timeline(state: Mapping[str, Any]) -> Timeline:
     )
 
 
+def _check_dealt(begun: list[int], lengths: list[int]) -> None:
+    """An elastic resume's positions of the segment's epoch per stream (no ``begun``: a
+    reweight's go from where each stream stood, ``mixing.read``) are one deal of the positions
+    left, maybe cut to whole batches: the larger first, differing by at most one, or by one
+    batch and every one a multiple of it. (How many were left, the old job's, is not kept.)"""
+    spread = max(lengths, default=0) - min(lengths, default=0)
+    uneven = spread > 1 and any(n % spread for n in lengths)
+    if not begun and (lengths != sorted(lengths, reverse=True) or uneven):
+        raise InvalidStateError(
+            f"state key '_mixture.segment' gives the streams {lengths!r:.120} positions of the "
+            f"epoch an elastic resume dealt, but a deal gives the larger shares first, differing "
+            f"by at most one, or by one batch with every share a multiple of it: the state is "
+            f"corrupted"
+        )
+
+
 def stored_rests(state: Mapping[str, Any], names: Sequence[str]) -> tuple[SourceRest, ...]:
     """Each source's (of ``names``) epochs left by elastic resumes, as the state records them."""
     return tuple(_source_rest(state["sources"].get(name), name) for name in names)
@@ -289,6 +308,17 @@ def _source_rest(sub: object, name: str) -> SourceRest:
         raise InvalidStateError(
             f"state keys 'sources.{name}.rests' and '.fresh' must be [[epoch, [generation, "
             f"...]], ...] and an int >= 0, got {rests!r:.120} and {fresh!r:.40}"
+        )
+    epochs = [r[0] for r in rests]
+    if not (
+        all(e >= 0 and deals for e, deals in rests)
+        and all(a < b for a, b in itertools.pairwise(epochs))
+        and fresh == (epochs[-1] + 1 if epochs else 0)
+    ):
+        raise InvalidStateError(
+            f"state keys 'sources.{name}.rests' and '.fresh' must be the source's unfinished "
+            f"epochs in increasing order, each with its deals, and the epoch after the last (0 "
+            f"without any), got epochs {epochs!r:.80} and fresh {fresh}: the state is corrupted"
         )
     return SourceRest(
         tuple(
