@@ -49,7 +49,7 @@ import xxhash
 
 from ..base.log import log, some_names
 from ..formats import FileFormat, FileMetadata
-from .parsed import SerializedMetadata
+from .parsed import SerializedMetadata, serialized
 
 __all__ = ["IndexCache", "cache_dir", "open_cache"]
 
@@ -140,13 +140,8 @@ class IndexCache:
             schema_bytes = meta.schema.serialize().to_pybytes()
             digest = xxhash.xxh64_hexdigest(schema_bytes)
             schemas[digest] = schema_bytes
-            footer = (
-                meta.footer_bytes
-                if isinstance(meta, SerializedMetadata)
-                else b""
-                if meta.footer is None
-                else fmt.dump_footer(meta.footer)
-            )
+            held = serialized(meta, fmt)
+            footer = held.footer_bytes if isinstance(held, SerializedMetadata) else b""
             fields = {
                 "schema": digest,
                 "unit_rows": list(meta.unit_rows),
